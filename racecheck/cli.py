@@ -1,0 +1,72 @@
+"""`racecheck` command line: list | run | fuzz | repro | exec | check | report | baseline.
+
+Exit codes: 0 clean, 1 findings, 2 usage or input error, 3 internal error.
+Each subcommand lives in `racecheck.commands.<name>` with `add_arguments(parser)` and `main(args)`.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .errors import EXIT_INTERNAL, EXIT_USAGE, InternalError, UsageError
+
+COMMANDS = {
+    "list": "show scenarios, their knobs, fix switches and variants",
+    "run": "run one scenario (variant) once and report",
+    "fuzz": "fuzz a scenario with Hypothesis; shrink and save every distinct failure",
+    "repro": "replay a saved repro record deterministically",
+    "exec": "run a Python program under the detector: racecheck exec -- python prog.py ...",
+    "check": "check a saved trace (.jsonl) offline",
+    "report": "render a findings JSON file as console, json, sarif, junit, html or perfetto",
+    "baseline": "write a baseline of current findings' fingerprints",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="racecheck", description="Stream-synchronization race detector for GPU inference engines.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, help_text in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        mod = importlib.import_module(f"racecheck.commands.{name}_cmd")
+        mod.add_arguments(p)
+        p.set_defaults(_module=mod)
+    return parser
+
+
+def main(argv=None) -> int:
+    from rich.console import Console
+    err = Console(stderr=True, highlight=False)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return EXIT_USAGE
+        return int(args._module.main(args) or 0)
+    except UsageError as exc:
+        err.print(f"racecheck: error: {exc}", markup=False)
+        return EXIT_USAGE
+    except SystemExit as exc:  # --help
+        return int(exc.code or 0)
+    except KeyboardInterrupt:
+        err.print("racecheck: interrupted", markup=False)
+        return 130
+    except InternalError as exc:
+        err.print(f"racecheck: internal error: {exc}", markup=False)
+        return EXIT_INTERNAL
+    except Exception as exc:  # a bug in racecheck: never report it as a finding or a usage error
+        import traceback
+        traceback.print_exc()
+        err.print(f"racecheck: internal error: {type(exc).__name__}: {exc}", markup=False)
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())
