@@ -20,6 +20,7 @@ COMMANDS = {
     "check": "check a saved trace (.jsonl) offline",
     "report": "render a findings JSON file as console, json, sarif, junit, html or perfetto",
     "baseline": "write a baseline of current findings' fingerprints",
+    "hook": "install the start-up hook that makes RACECHECK=1 run any program under racecheck",
 }
 
 

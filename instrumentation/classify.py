@@ -1,0 +1,134 @@
+"""Which tensor arguments of an op are read, written, or only used for metadata.
+
+Decided once per op overload from its schema's alias annotations and cached:
+`Tensor(a!)` arguments and fresh outputs are writes; view arguments/outputs (`Tensor(a)`) and
+the `self` of `*_like` / `new_*` factories are metadata only; everything else is read.
+"""
+from __future__ import annotations
+
+import torch
+
+READ, WRITE, META = 0, 1, 2
+
+# Ops whose footprint on `self` (or the written argument) depends on index values.
+# value: (dim argument name or None for advanced indexing, index argument name, role of self)
+INDEX_OPS = {
+    # reads of only the indexed elements of `self`
+    "index": (None, "indices", READ),
+    "_unsafe_index": (None, "indices", READ),
+    "index_select": ("dim", "index", READ),
+    "gather": ("dim", "index", READ),
+    # in-place writes of only the indexed elements of `self` (out-of-place variants copy all of it)
+    "index_put_": (None, "indices", WRITE),
+    "_index_put_impl_": (None, "indices", WRITE),
+    "scatter_": ("dim", "index", WRITE),
+    "scatter_add_": ("dim", "index", WRITE),
+    "scatter_reduce_": ("dim", "index", WRITE),
+    "index_copy_": ("dim", "index", WRITE),
+    "index_add_": ("dim", "index", WRITE),
+    "index_fill_": ("dim", "index", WRITE),
+}
+
+# Ops that are not device work at all (metadata queries, lifetime bookkeeping).
+NO_ACCESS = {
+    "is_pinned", "_pin_memory", "pin_memory", "record_stream", "detach", "lift_fresh",
+    "_to_copy_noop", "size", "stride", "storage_offset", "is_same_size", "_has_compatible_shallow_copy_type",
+    "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "_nested_tensor_size", "set_",
+    "resize_", "_resize_output_", "alias", "equal_noop",
+}
+
+# Output shape depends on tensor values: the host must wait for the stream (as CUDA does).
+DATA_DEPENDENT = {"nonzero", "masked_select", "unique", "_unique", "_unique2", "unique_dim",
+                  "unique_consecutive", "nonzero_static_sync", "repeat_interleave"}
+
+
+def _is_tensor_type(t) -> bool:
+    s = str(t)
+    return s.startswith("Tensor") or s.startswith("Optional[Tensor]") or s in (
+        "List[Tensor]", "List[Optional[Tensor]]")
+
+
+class OpClass:
+    """Per-overload classification, computed once."""
+
+    __slots__ = ("name", "args", "out_roles", "inplace_self", "index", "no_access",
+                 "is_view", "is_copy", "is_scalar_read", "data_dependent", "factory_meta_self")
+
+    def __init__(self, func):
+        schema = func._schema
+        self.name = name = schema.name.split("::")[-1]
+        self.factory_meta_self = name.startswith("new_") or name.endswith("_like")
+        args = []
+        for i, a in enumerate(schema.arguments):
+            if not _is_tensor_type(a.type):
+                continue
+            ai = a.alias_info
+            if ai is not None and ai.is_write:
+                role = WRITE
+            elif ai is not None:
+                role = META
+            elif self.factory_meta_self and i == 0:
+                role = META
+            else:
+                role = READ
+            args.append((i, a.name, a.kwarg_only, role))
+        self.args = tuple(args)
+        outs = []
+        for r in schema.returns:
+            ai = r.alias_info
+            outs.append(META if ai is not None else WRITE)
+        self.out_roles = tuple(outs)
+        self.is_view = bool(outs) and all(o == META for o in outs) and not any(
+            role == WRITE for _, _, _, role in args)
+        self.inplace_self = bool(args) and args[0][3] == WRITE
+        self.index = INDEX_OPS.get(name)
+        self.no_access = name in NO_ACCESS
+        self.is_copy = name == "copy_"
+        self.is_scalar_read = name == "_local_scalar_dense"
+        self.data_dependent = name in DATA_DEPENDENT
+
+
+_cache: dict = {}
+
+
+def classify(func) -> OpClass:
+    oc = _cache.get(func)
+    if oc is None:
+        oc = _cache[func] = OpClass(func)
+    return oc
+
+
+def iter_arg_tensors(oc: OpClass, args, kwargs):
+    """(role, tensor) for every tensor argument, lists included."""
+    nargs = len(args)
+    for i, name, kwarg_only, role in oc.args:
+        if i < nargs and not kwarg_only:
+            v = args[i]
+        else:
+            v = kwargs.get(name) if kwargs else None
+        if v is None:
+            continue
+        if isinstance(v, torch.Tensor):
+            yield role, v
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                if isinstance(x, torch.Tensor):
+                    yield role, x
+
+
+def iter_out_tensors(oc: OpClass, out):
+    if isinstance(out, torch.Tensor):
+        if oc.out_roles and oc.out_roles[0] == WRITE:
+            yield out
+        return
+    if isinstance(out, (list, tuple)):
+        roles = oc.out_roles
+        for k, x in enumerate(out):
+            role = roles[k] if k < len(roles) else (roles[-1] if roles else WRITE)
+            if role == WRITE:
+                if isinstance(x, torch.Tensor):
+                    yield x
+                elif isinstance(x, (list, tuple)):
+                    for y in x:
+                        if isinstance(y, torch.Tensor):
+                            yield y

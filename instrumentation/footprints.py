@@ -1,0 +1,179 @@
+"""Tensor -> Footprint: storage identity and the exact bytes a view covers.
+
+Memory is identified by storage (one id per storage lifetime, never by `data_ptr()` of a view)
+and byte intervals. Contiguous views are one interval (the hot path). Strided views are
+enumerated into runs when that is cheap and covered by their bounding interval otherwise,
+which the footprint says. Index ops resolve their index values into the exact rows/elements.
+"""
+from __future__ import annotations
+
+import weakref
+from collections import deque
+
+import torch
+
+from racecheck.trace import Footprint
+
+MAX_RUNS = 4096          # above this many runs a strided view is covered by its bounding interval
+MAX_INDEX_ELEMS = 1 << 20  # above this many touched positions an index op covers the whole view
+_CACHE_LIMIT = 8192
+
+
+class StorageRegistry:
+    """Assigns ids to storages and notices when they die.
+
+    Weak references to `untyped_storage()` tie history to a storage's lifetime, so a new
+    tensor at a reused address never inherits stale accesses. Deaths are queued (a weakref
+    callback may fire anywhere, even inside the checker) and drained by the session.
+    """
+
+    def __init__(self, on_new):
+        self._on_new = on_new            # on_new(sid, nbytes, host) -> None
+        self._by_cdata: dict = {}        # cdata -> (sid, weakref, host)
+        self._next = 1
+        self.dead: deque = deque()       # sids whose storage died, not yet reported
+        self.host_sids: set = set()
+        self.new_are_host = False        # storages first seen now are host memory (host ops)
+        self.host_of = None              # backend's classifier for storages first seen (cuda: t.is_cpu)
+
+    def lookup(self, t: torch.Tensor, host: bool = False):
+        """(sid, is_host) of t's storage, registering it on first sight."""
+        st = t.untyped_storage()
+        key = st._cdata
+        entry = self._by_cdata.get(key)
+        if entry is not None:
+            return entry[0], entry[2]
+        host = host or self.new_are_host or (self.host_of is not None and self.host_of(t))
+        sid = self._next
+        self._next += 1
+        by_cdata, dead, host_sids = self._by_cdata, self.dead, self.host_sids
+
+        def _died(_ref, key=key, sid=sid):
+            cur = by_cdata.get(key)
+            if cur is not None and cur[0] == sid:
+                del by_cdata[key]
+            host_sids.discard(sid)
+            dead.append(sid)
+
+        self._by_cdata[key] = (sid, weakref.ref(st, _died), host)
+        if host:
+            host_sids.add(sid)
+        self._on_new(sid, st.nbytes(), host)
+        return sid, host
+
+    def mark_host(self, t: torch.Tensor) -> None:
+        """Retag a storage as host memory (pinned at creation)."""
+        st = t.untyped_storage()
+        entry = self._by_cdata.get(st._cdata)
+        if entry is not None and not entry[2]:
+            self._by_cdata[st._cdata] = (entry[0], entry[1], True)
+            self.host_sids.add(entry[0])
+
+    def is_host(self, t: torch.Tensor) -> bool:
+        entry = self._by_cdata.get(t.untyped_storage()._cdata)
+        if entry is None:
+            return self.host_of is not None and self.host_of(t)
+        return entry[2]
+
+
+def _merge(ranges):
+    ranges.sort()
+    out = []
+    for lo, hi in ranges:
+        if out and lo <= out[-1][1]:
+            if hi > out[-1][1]:
+                out[-1][1] = hi
+        else:
+            out.append([lo, hi])
+    return tuple((lo, hi) for lo, hi in out)
+
+
+def strided_ranges(offset: int, sizes, strides, itemsize: int):
+    """Byte ranges of a strided view, exact when at most MAX_RUNS runs; else (cover, approx)."""
+    dims = [(sz, st) for sz, st in zip(sizes, strides) if sz != 1]
+    if any(sz == 0 for sz in sizes):
+        return (), None
+    if not dims:
+        return ((offset * itemsize, (offset + 1) * itemsize),), None
+    lo_el = offset + sum((sz - 1) * st for sz, st in dims if st < 0)
+    hi_el = offset + sum((sz - 1) * st for sz, st in dims if st > 0) + 1
+    dims = [(sz, abs(st)) for sz, st in dims if st != 0]  # broadcast dims repeat the same bytes
+    if not dims:
+        return ((offset * itemsize, (offset + 1) * itemsize),), None
+    dims.sort(key=lambda d: d[1])
+    # Fold the innermost dims into one contiguous run while they tile without gaps.
+    run = 1
+    i = 0
+    while i < len(dims) and dims[i][1] == run:
+        run *= dims[i][0]
+        i += 1
+    outer = dims[i:]
+    nruns = 1
+    for sz, _ in outer:
+        nruns *= sz
+    if nruns > MAX_RUNS:
+        return ((lo_el * itemsize, hi_el * itemsize),), "strided view covered by its bounding interval"
+    starts = [lo_el]
+    for sz, st in outer:
+        starts = [s + k * st for s in starts for k in range(sz)]
+    return _merge([[s * itemsize, (s + run) * itemsize] for s in starts]), None
+
+
+def positions_to_ranges(pos: torch.Tensor, itemsize: int):
+    """Sorted distinct element positions -> merged byte ranges."""
+    if pos.numel() == 0:
+        return ()
+    u = torch.unique(pos.reshape(-1))
+    if u.numel() == 1:
+        p = int(u[0])
+        return ((p * itemsize, (p + 1) * itemsize),)
+    breaks = torch.nonzero(u[1:] - u[:-1] != 1).reshape(-1)
+    starts = torch.cat([u[:1], u[breaks + 1]]).tolist()
+    ends = torch.cat([u[breaks], u[-1:]]).tolist()
+    return tuple((s * itemsize, (e + 1) * itemsize) for s, e in zip(starts, ends))
+
+
+def element_positions(t: torch.Tensor) -> torch.Tensor:
+    """Storage element index of every element of `t`, shaped like `t` (for index-op footprints)."""
+    pos = torch.full((), t.storage_offset(), dtype=torch.int64)
+    for d, (sz, st) in enumerate(zip(t.shape, t.stride())):
+        shape = [1] * t.dim()
+        shape[d] = sz
+        pos = pos + (torch.arange(sz, dtype=torch.int64) * st).reshape(shape)
+    return pos.expand(t.shape) if t.dim() else pos
+
+
+class FootprintMaker:
+    """Computes footprints; contiguous tensors take the O(1) path, strided ones are cached."""
+
+    def __init__(self, registry: StorageRegistry):
+        self.registry = registry
+        self._cache: dict = {}
+        self.born_attr = "_racecheck_born"
+
+    def of(self, t: torch.Tensor) -> Footprint | None:
+        if t.numel() == 0:
+            return None
+        sid, host = self.registry.lookup(t)
+        itemsize = t.element_size()
+        off = t.storage_offset()
+        born = t.__dict__.get("_racecheck_born") if t._is_view() else None
+        if t.is_contiguous():
+            return Footprint(sid, ((off * itemsize, (off + t.numel()) * itemsize),), host, None, born)
+        key = (off, t.shape, t.stride(), itemsize)
+        hit = self._cache.get(key)
+        if hit is None:
+            if len(self._cache) > _CACHE_LIMIT:
+                self._cache.clear()
+            hit = self._cache[key] = strided_ranges(off, t.shape, t.stride(), itemsize)
+        return Footprint(sid, hit[0], host, hit[1], born)
+
+    def of_positions(self, t: torch.Tensor, pos: torch.Tensor) -> Footprint | None:
+        """Footprint of the storage elements `pos` of t's storage."""
+        if pos.numel() == 0:
+            return None
+        sid, host = self.registry.lookup(t)
+        if pos.numel() > MAX_INDEX_ELEMS:
+            fp = self.of(t)
+            return Footprint(fp.storage, fp.ranges, host, "index set too large; whole view used", fp.born)
+        return Footprint(sid, positions_to_ranges(pos, t.element_size()), host)

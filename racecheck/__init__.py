@@ -1,0 +1,38 @@
+"""racecheck: find stream-synchronization races in PyTorch inference engines.
+
+    import racecheck
+    with racecheck.session(device="sim") as rc:
+        dm = rc.device_module
+        ...
+    rc.findings
+"""
+from __future__ import annotations
+
+from .findings import Access, Finding
+from .session import Session, active_session, session
+
+__version__ = "0.1.0"
+
+__all__ = ["session", "Session", "name", "delay", "Finding", "Access", "active_session", "__version__"]
+
+
+def name(t, name: str):
+    """Give a tensor's bytes a name for findings (`seq_lens`, `req_pool_indices`). Returns `t`."""
+    s = active_session()
+    if s is not None and s.checking:
+        try:
+            s.name(t, name)
+        except Exception as exc:
+            s.internal_error(exc, "while naming a tensor")
+    return t
+
+
+def delay(stream, microseconds: float) -> None:
+    """Hold `stream` back for about `microseconds` before its next op (a no-op outside a session).
+
+    On a GPU this queues a sleep kernel on the stream; on `sim` the adversarial executor
+    deprioritizes the stream. Put delays before producers: a delay on the consumer hides races.
+    """
+    s = active_session()
+    if s is not None:
+        s.backend.delay(stream, microseconds)

@@ -1,0 +1,90 @@
+"""`racecheck exec -- python prog.py [args]`: run any program under the detector."""
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+from racecheck.errors import EXIT_CLEAN, EXIT_FINDINGS, EXIT_INTERNAL, UsageError
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--device", default="sim", choices=["sim", "cuda", "npu"],
+                   help="backend to run the program on (default: sim)")
+    p.add_argument("--report", action="append", default=[], metavar="FORMAT=FILE",
+                   help="also write findings as FORMAT (json, sarif, junit, html, perfetto) to FILE")
+    p.add_argument("--save-trace", metavar="FILE", help="save the trace as JSON lines for `racecheck check`")
+    p.add_argument("--quiet", action="store_true", help="print only the summary line")
+    p.add_argument("argv", nargs="*", metavar="-- python PROG [ARGS]",
+                   help="the program: `python prog.py args`, `python -m module args`, or `prog.py args`")
+
+
+def _split_program(argv):
+    argv = list(argv)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if argv and os.path.basename(argv[0]).startswith("python"):
+        argv = argv[1:]
+    if not argv:
+        raise UsageError("exec: no program given (usage: racecheck exec -- python prog.py [args])")
+    if argv[0] == "-m":
+        if len(argv) < 2:
+            raise UsageError("exec: -m needs a module name")
+        return "module", argv[1], argv[1:]
+    if argv[0].startswith("-"):
+        raise UsageError(f"exec: unsupported interpreter option {argv[0]!r}")
+    if not os.path.isfile(argv[0]):
+        raise UsageError(f"exec: no such program file: {argv[0]}")
+    return "path", argv[0], argv
+
+
+def finish_and_report(session, report_specs, *, quiet=False) -> int:
+    """Close the session, print and write reports; the exit status racecheck wants (0, 1 or 3)."""
+    if session.backend is not None and getattr(session, "_modes", None):
+        session.__exit__(None, None, None)
+    findings = session.findings
+    from racecheck.reports.console import print_findings
+    if not quiet:
+        print_findings(findings)
+    specs = [s for s in (report_specs.split(",") if isinstance(report_specs, str) else report_specs) if s]
+    if specs:
+        from racecheck.reports import write_reports
+        write_reports(findings, specs, meta={"command": "exec"})
+    if session.internal_errors:
+        sys.stderr.write("racecheck: internal error: " + session.internal_errors[0].splitlines()[0] + "\n")
+        return EXIT_INTERNAL
+    return EXIT_FINDINGS if findings else EXIT_CLEAN
+
+
+def main(args) -> int:
+    import racecheck
+    kind, target, prog_argv = _split_program(args.argv)
+    if args.report:
+        from racecheck.reports import parse_report_specs
+        parse_report_specs(args.report)  # bad specs fail before the program runs
+    old_argv = sys.argv
+    sys.argv = list(prog_argv)
+    program_status = 0
+    rc = racecheck.session(device=args.device, record_trace=bool(args.save_trace))
+    with rc:
+        try:
+            if kind == "module":
+                runpy.run_module(target, run_name="__main__", alter_sys=True)
+            else:
+                sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
+                runpy.run_path(target, run_name="__main__")
+        except SystemExit as exc:
+            code = exc.code
+            program_status = code if isinstance(code, int) else (0 if code is None else 1)
+        except BaseException:
+            import traceback
+            traceback.print_exc()
+            program_status = 1
+        finally:
+            sys.argv = old_argv
+    if args.save_trace:
+        rc.save_trace(args.save_trace)
+    status = finish_and_report(rc, args.report, quiet=args.quiet)
+    if status == EXIT_CLEAN and program_status:
+        return program_status
+    return status

@@ -1,0 +1,316 @@
+"""`racecheck.session(...)`: instrumentation + trace + online checker for one block of code.
+
+The session owns the id spaces (timelines, events, graphs), the host-thread timelines, the
+storage registry and the lock that puts events in host issue order. It never raises on a race:
+findings are collected, deduplicated and read from `rc.findings` afterwards. A bug inside
+racecheck turns checking off and is kept in `rc.internal_errors`; the program runs on unchanged.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import sys
+import threading
+import traceback
+
+import torch
+
+from .checker import Checker
+from .errors import UsageError
+from .trace import Alloc, Free, HostAccess, Kernel, NameTensor, NameTimeline, RecordStream, Trace
+
+DEVICES = ("sim", "cuda", "npu")
+
+_active = None
+_active_lock = threading.Lock()
+
+
+def active_session():
+    return _active
+
+
+class Session:
+    def __init__(self, device: str = "sim", *, executor=None, record_trace: bool = False,
+                 before_launch=None, delay_plan=None, device_module=None, **backend_options):
+        if device not in DEVICES:
+            raise UsageError(f"unknown device {device!r} (choose from {', '.join(DEVICES)})")
+        self.device = device
+        self.checker = Checker()
+        self.trace = Trace() if record_trace else None
+        self.checking = True
+        self.internal_errors: list = []
+        self.before_launch = before_launch
+        self.delay_plan = delay_plan
+        self.seq = 0
+        self._lock = threading.RLock()
+        self._tls = threading.local()
+        self._next_timeline = 0
+        self._next_event = 0
+        self._next_graph = 0
+        self._host_threads = 0
+        self._executor = executor
+        self._device_module_override = device_module
+        self._backend_options = backend_options
+        self._patches: list = []
+        self._modes: list = []
+        self._pending = collections.deque()
+        self.backend = None
+        from racecheck.instrumentation.footprints import FootprintMaker, StorageRegistry
+        self.footprints = FootprintMaker(StorageRegistry(self._on_new_storage))
+
+    # -- ids and timelines ----------------------------------------------------------------------
+    def new_timeline(self) -> int:
+        with self._lock:
+            self._next_timeline += 1
+            return self._next_timeline
+
+    def new_event_id(self) -> int:
+        with self._lock:
+            self._next_event += 1
+            return self._next_event
+
+    def new_graph_id(self) -> int:
+        with self._lock:
+            self._next_graph += 1
+            return self._next_graph
+
+    def thread_tid(self) -> int:
+        tid = getattr(self._tls, "tid", None)
+        if tid is None:
+            tid = self._tls.tid = self.new_timeline()
+            name = "host" if self._host_threads == 0 else f"host:{threading.current_thread().name}"
+            self._host_threads += 1
+            self.emit(NameTimeline(tid, tid, name, True, None))
+        return tid
+
+    def timeline_name(self, tid: int) -> str:
+        return self.checker.timeline_name(tid)
+
+    # -- events ---------------------------------------------------------------------------------
+    def emit(self, event) -> None:
+        with self._lock:
+            dead = self.footprints.registry.dead
+            if dead:
+                self._drain_dead()
+            if self._pending:
+                self._pending.append((event, None))
+                self.flush_pending()
+                return
+            self._process(event)
+
+    @property
+    def position(self) -> int:
+        """Trace index the next emitted event will have."""
+        return self.seq + len(self._pending)
+
+    def emit_pending(self, event, resolve) -> None:
+        """Emit `event` whose footprints are not known yet (index values still on the device).
+
+        `resolve()` returns None while the values are not available, else the finished event.
+        Events after it wait in order behind it, so the checker still sees host issue order.
+        """
+        with self._lock:
+            self._pending.append((event, resolve))
+            self.flush_pending()
+
+    def flush_pending(self, force: bool = False) -> None:
+        """Hand every event whose footprints are resolved to the checker, in order.
+
+        With force=True the caller guarantees that all device work has completed (a device
+        synchronize), so every resolver must succeed.
+        """
+        with self._lock:
+            pending = self._pending
+            while pending:
+                event, resolve = pending[0]
+                if resolve is not None:
+                    try:
+                        done = resolve()
+                    except Exception as exc:
+                        self.internal_error(exc, "while resolving a deferred footprint")
+                        pending.clear()
+                        return
+                    if done is None:
+                        if not force:
+                            return
+                        self.internal_error(RuntimeError("unresolvable deferred footprint"), "flush")
+                        pending.clear()
+                        return
+                    event = done
+                pending.popleft()
+                self._process(event)
+
+    def _process(self, event) -> None:
+        self.seq += 1
+        if self.trace is not None:
+            self.trace.append(event)
+        if self.checking:
+            try:
+                self.checker.process(event)
+            except Exception as exc:
+                self.internal_error(exc, f"while checking {type(event).__name__}")
+
+    def _drain_dead(self) -> None:
+        dead = self.footprints.registry.dead
+        thread = self.thread_tid()
+        while dead:
+            ev = Free(thread, dead.popleft(), ())
+            if self._pending:
+                self._pending.append((ev, None))
+            else:
+                self._process(ev)
+
+    def _on_new_storage(self, sid: int, nbytes: int, host: bool) -> None:
+        stream = self.backend.current_stream_tid() if self.backend is not None else 0
+        self.emit(Alloc(self.thread_tid(), sid, stream, nbytes, host, ()))
+
+    def internal_error(self, exc: BaseException, where: str = "") -> None:
+        """Stop checking; keep the program's results. The CLI reports this as exit 3."""
+        self.checking = False
+        self.internal_errors.append(f"{where}: {type(exc).__name__}: {exc}\n"
+                                    + "".join(traceback.format_exception(exc)))
+
+    # -- per-thread state -----------------------------------------------------------------------
+    def capture_state(self):
+        return getattr(self._tls, "capture", None)
+
+    def set_capture_state(self, state):
+        prev = getattr(self._tls, "capture", None)
+        self._tls.capture = state
+        return prev
+
+    @contextlib.contextmanager
+    def allocating_host(self):
+        reg = self.footprints.registry
+        prev = reg.new_are_host
+        reg.new_are_host = True
+        try:
+            yield
+        finally:
+            reg.new_are_host = prev
+
+    # -- user API -------------------------------------------------------------------------------
+    @property
+    def device_module(self):
+        return self.backend.module
+
+    @property
+    def findings(self) -> list:
+        return list(self.checker.findings)
+
+    def name(self, t: torch.Tensor, name: str) -> None:
+        if not isinstance(t, torch.Tensor) or t.numel() == 0:
+            return
+        fp = self.footprints.of(t)
+        lo = min(r[0] for r in fp.ranges)
+        hi = max(r[1] for r in fp.ranges)
+        row_bytes = t.stride(0) * t.element_size() if t.dim() > 1 else t.element_size()
+        self.emit(NameTensor(self.thread_tid(), fp.storage, lo, hi, str(name), row_bytes,
+                             t.element_size(), ()))
+
+    def name_stream(self, stream, name: str) -> None:
+        tid = self._stream_tid(stream)
+        self.emit(NameTimeline(self.thread_tid(), tid, str(name), False, None))
+
+    def _stream_tid(self, stream) -> int:
+        tid = self.backend.stream_of(stream)
+        if tid is None:
+            raise UsageError(f"{stream!r} is not a stream of this racecheck session")
+        return tid
+
+    def host_read(self, t: torch.Tensor, op: str, stack=()) -> None:
+        """A synchronizing host read (`.item()`, `.tolist()`, `.numpy()`, `int(t)`)."""
+        if not self.checking or not isinstance(t, torch.Tensor) or t.numel() == 0:
+            return
+        if self.capture_state() is not None:
+            return
+        fp = self.footprints.of(t)
+        if fp.host:
+            self.emit(HostAccess(self.thread_tid(), (fp,), (), op, stack))
+            return
+        stream = self.backend.current_stream_tid()
+        self.emit(Kernel(self.thread_tid(), stream, (fp,), (), op, stack))
+        self.backend.host_wait_stream(stream)
+
+    def record_stream(self, t: torch.Tensor, stream) -> None:
+        tid = self._stream_tid(stream)
+        sid, _ = self.footprints.registry.lookup(t)
+        from racecheck.instrumentation import stacks
+        self.emit(RecordStream(self.thread_tid(), sid, tid, stacks.capture()))
+
+    def save_trace(self, path) -> None:
+        if self.trace is None:
+            raise UsageError("the session was not started with record_trace=True")
+        self.trace.save(path)
+
+    # -- lifetime -------------------------------------------------------------------------------
+    def __enter__(self):
+        global _active
+        with _active_lock:
+            if _active is not None:
+                raise RuntimeError("a racecheck session is already active")
+            _active = self
+        try:
+            from racecheck.instrumentation import make_backend
+            self.backend = make_backend(self, self.device, executor=self._executor,
+                                        device_module=self._device_module_override,
+                                        **self._backend_options)
+            self.thread_tid()
+            self._install()
+        except BaseException:
+            with _active_lock:
+                _active = None
+            raise
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        global _active
+        try:
+            try:
+                self.backend.executor.finish()
+                self.flush_pending(force=True)
+            except Exception as e:
+                self.internal_error(e, "while finishing queued work")
+            self._uninstall()
+            import gc
+            gc.collect()
+            with self._lock:
+                if self.footprints.registry.dead:
+                    self._drain_dead()
+            self.checking = False
+        finally:
+            with _active_lock:
+                _active = None
+        return False
+
+    def _install(self) -> None:
+        from racecheck.instrumentation.interceptor import Interceptor
+        from racecheck.instrumentation.patches import install_patches
+        self._patches = install_patches(self)
+        mode = Interceptor(self, self.backend)
+        mode.__enter__()
+        self._modes.append(mode)
+        self._prev_threading_profile = threading.getprofile() if hasattr(threading, "getprofile") else None
+        threading.setprofile(self._thread_start_hook)
+        self.backend.install()
+
+    def _uninstall(self) -> None:
+        self.backend.uninstall()
+        threading.setprofile(self._prev_threading_profile)
+        while self._modes:
+            self._modes.pop().__exit__(None, None, None)
+        for undo in reversed(self._patches):
+            undo()
+        self._patches = []
+
+    def _thread_start_hook(self, frame, event, arg):
+        """First call in a thread started inside the session: put the interceptor on its mode stack."""
+        sys.setprofile(None)
+        if _active is self and self.checking:
+            from racecheck.instrumentation.interceptor import Interceptor
+            Interceptor(self, self.backend).__enter__()
+
+
+def session(device: str = "sim", **options) -> Session:
+    """Context manager: `with racecheck.session(device="sim") as rc: ...; rc.findings`."""
+    return Session(device, **options)
