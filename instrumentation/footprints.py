@@ -148,18 +148,24 @@ class FootprintMaker:
 
     def __init__(self, registry: StorageRegistry):
         self.registry = registry
+        self._by_cdata = registry._by_cdata
         self._cache: dict = {}
         self.born_attr = "_racecheck_born"
 
     def of(self, t: torch.Tensor) -> Footprint | None:
-        if t.numel() == 0:
+        n = t.numel()
+        if n == 0:
             return None
-        sid, host = self.registry.lookup(t)
+        entry = self._by_cdata.get(t.untyped_storage()._cdata)
+        if entry is None:
+            sid, host = self.registry.lookup(t)
+        else:
+            sid, host = entry[0], entry[2]
         itemsize = t.element_size()
         off = t.storage_offset()
         born = t.__dict__.get("_racecheck_born") if t._is_view() else None
         if t.is_contiguous():
-            return Footprint(sid, ((off * itemsize, (off + t.numel()) * itemsize),), host, None, born)
+            return Footprint(sid, ((off * itemsize, (off + n) * itemsize),), host, None, born)
         key = (off, t.shape, t.stride(), itemsize)
         hit = self._cache.get(key)
         if hit is None:

@@ -1,13 +1,77 @@
 """Exact footprints of index ops: only the rows/elements the index values select.
 
-The trick: index a tensor of storage positions shaped like `self` with the same indices;
-the result is exactly the set of storage elements the op touches.
+Fast path (the common case: one index tensor selecting slices along one dim, as in
+`buf[idx]`, `buf[idx] = v`, `index_select`, `index_copy_`): the footprint of one slice is
+computed once and shifted per selected index, in plain Python. General path (several index
+tensors, gather/scatter): index a tensor of storage positions shaped like `self` with the same
+indices; the result is exactly the set of storage elements the op touches.
 """
 from __future__ import annotations
 
 import torch
 
-from .footprints import FootprintMaker, element_positions
+from racecheck.trace import Footprint
+
+from .footprints import MAX_INDEX_ELEMS, FootprintMaker, _merge, element_positions, strided_ranges
+
+MAX_FAST_INDICES = 4096
+
+
+def _slice_dim_and_index(name, self_t, args):
+    """(dim, index tensor) when the op selects whole slices along one dim, else None."""
+    if name in ("index", "_unsafe_index", "index_put_", "_index_put_impl_"):
+        indices = args[1]
+        found = None
+        for d, ix in enumerate(indices):
+            if ix is None:
+                continue
+            if found is not None:
+                return None
+            found = (d, ix)
+        if found is None:
+            return None
+        d, ix = found
+        if ix.dtype == torch.bool:
+            if ix.dim() != 1:
+                return None
+            ix = ix.nonzero().reshape(-1)
+        return found[0], ix
+    if name in ("index_select", "index_copy_", "index_add_", "index_fill_"):
+        d = args[1]
+        return (d + self_t.dim() if d < 0 else d), args[2]
+    return None
+
+
+def _fast(maker: FootprintMaker, name, self_t, args):
+    sel = _slice_dim_and_index(name, self_t, args)
+    if sel is None:
+        return None
+    d, ix = sel
+    if ix.numel() > MAX_FAST_INDICES or d >= self_t.dim():
+        return None
+    size = self_t.shape[d]
+    rows = set()
+    for r in ix.reshape(-1).tolist():
+        r = int(r)
+        if r < 0:
+            r += size
+        if not 0 <= r < size:
+            raise IndexError(f"index {r} is out of bounds for dimension {d} with size {size}")
+        rows.add(r)
+    if not rows:
+        return ()
+    itemsize = self_t.element_size()
+    sizes = list(self_t.shape)
+    strides = list(self_t.stride())
+    step = strides[d] * itemsize
+    sizes[d] = 1
+    base, approx = strided_ranges(self_t.storage_offset(), sizes, strides, itemsize)
+    if approx is not None:
+        return None
+    if len(base) == 1:
+        lo, hi = base[0]
+        return _merge([[lo + r * step, hi + r * step] for r in rows])
+    return _merge([[lo + r * step, hi + r * step] for r in rows for lo, hi in base])
 
 
 def touched_positions(name: str, self_t: torch.Tensor, args) -> torch.Tensor:
@@ -24,9 +88,19 @@ def touched_positions(name: str, self_t: torch.Tensor, args) -> torch.Tensor:
 
 def index_footprint(maker: FootprintMaker, name: str, self_t: torch.Tensor, args):
     """Footprint of the indexed part of `self_t`; the whole view when the indices can't be read."""
+    if self_t.numel() == 0:
+        return None
     try:
+        ranges = _fast(maker, name, self_t, args)
+        if ranges is not None:
+            if not ranges:
+                return None
+            sid, host = maker.registry.lookup(self_t)
+            return Footprint(sid, ranges, host)
+        if self_t.numel() > MAX_INDEX_ELEMS:
+            raise ValueError("too large")
         pos = touched_positions(name, self_t, args)
-    except (RuntimeError, IndexError, TypeError):
+    except (RuntimeError, IndexError, TypeError, ValueError):
         fp = maker.of(self_t)
         if fp is not None:
             fp.approx = "index values could not be resolved; whole tensor used"

@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from racecheck.trace import CapturedOp, Copy, HostAccess, HostSync, Kernel
 
 from . import stacks
-from .classify import META, READ, WRITE, classify, iter_arg_tensors, iter_out_tensors
+from .classify import META, WRITE, classify, iter_out_tensors
 from .indexops import index_footprint
 
 BORN_ATTR = "_racecheck_born"
@@ -126,31 +126,49 @@ class Interceptor(TorchDispatchMode):
         writes = []
         any_device = False
         any_tensor = False
-        is_host = self.maker.registry.is_host
         index = oc.index
         first = True
-        for role, t in iter_arg_tensors(oc, args, kwargs):
-            any_tensor = True
-            if not any_device and not is_host(t):
-                any_device = True
-            if role == META:
+        nargs = len(args)
+        for i, name, kwarg_only, role in oc.args:
+            v = args[i] if (i < nargs and not kwarg_only) else (kwargs.get(name) if kwargs else None)
+            if v is None:
+                continue
+            if isinstance(v, torch.Tensor):
+                tensors = (v,)
+            elif isinstance(v, (list, tuple)):
+                tensors = [x for x in v if isinstance(x, torch.Tensor)]
+            else:
+                continue
+            for t in tensors:
+                any_tensor = True
+                if role == META:
+                    if not any_device and not self.maker.registry.is_host(t):
+                        any_device = True
+                    first = False
+                    continue
+                if first and index is not None:
+                    if s.capture_state() is None:
+                        f = index_footprint(self.maker, oc.name, t, args)
+                    else:  # index values change between replays: a captured op covers all rows
+                        f = fp(t)
+                        if f is not None:
+                            f.approx = "graph-captured index op: index values vary per replay; whole tensor used"
+                else:
+                    f = fp(t)
                 first = False
-                continue
-            if first and index is not None:
-                f = index_footprint(self.maker, oc.name, t, args)
-            else:
-                f = fp(t)
-            first = False
-            if f is None:
-                continue
-            if role == WRITE:
-                writes.append(f)
-            else:
-                reads.append(f)
-        host_op = any_tensor and not any_device
+                if f is None:
+                    if not any_device and t.numel() == 0:
+                        any_device = True
+                    continue
+                if not f.host:
+                    any_device = True
+                if role == WRITE:
+                    writes.append(f)
+                else:
+                    reads.append(f)
         stack = stacks.capture()
         capture = s.capture_state()
-        if host_op:
+        if any_tensor and not any_device:
             with s.allocating_host():
                 out = self.backend.execute_plain(func, args, kwargs)
                 for t in iter_out_tensors(oc, out):
@@ -160,7 +178,6 @@ class Interceptor(TorchDispatchMode):
             if capture is None:
                 s.emit(HostAccess(s.thread_tid(), tuple(reads), tuple(writes), oc.name, stack))
             return out
-        stream = self.backend.current_stream_tid()
         if capture is not None:
             out = self.backend.execute_plain(func, args, kwargs)
             for t in iter_out_tensors(oc, out):
@@ -169,14 +186,16 @@ class Interceptor(TorchDispatchMode):
                     writes.append(f)
             capture.add(CapturedOp(tuple(reads), tuple(writes), oc.name, stack), func, args, kwargs, out)
             return out
+        stream = self.backend.current_stream_tid()
         hook = s.before_launch
         if hook is not None:
             hook(stream, oc.name)
         out = self.backend.execute(stream, func, args, kwargs)
-        for t in iter_out_tensors(oc, out):
-            f = fp(t)
-            if f is not None:
-                writes.append(f)
+        if oc.out_roles:
+            for t in iter_out_tensors(oc, out):
+                f = fp(t)
+                if f is not None:
+                    writes.append(f)
         s.emit(Kernel(s.thread_tid(), stream, tuple(reads), tuple(writes), oc.name, stack))
         if oc.data_dependent:
             self.backend.host_wait_stream(stream)

@@ -296,6 +296,10 @@ class SimDeviceModule:
         return "<racecheck sim device module>"
 
 
+class _ThreadStream(threading.local):
+    stream = None
+
+
 class SimBackend:
     name = "sim"
     device_type = "cpu"
@@ -304,7 +308,7 @@ class SimBackend:
         self.session = session
         self.executor = executor if executor is not None else EagerExecutor()
         self.streams: dict = {}
-        self._tls = threading.local()
+        self._tls = _ThreadStream()
         self.module = SimDeviceModule(self)
         self.default_stream = self.module.Stream(_name="default")
         self._capture_stream = None
@@ -317,11 +321,10 @@ class SimBackend:
 
     # -- streams --------------------------------------------------------------------------------
     def current_stream(self):
-        return getattr(self._tls, "stream", None) or self.default_stream
+        return self._tls.stream or self.default_stream
 
     def current_stream_tid(self) -> int:
-        s = getattr(self._tls, "stream", None)
-        return (s or self.default_stream).tid
+        return (self._tls.stream or self.default_stream).tid
 
     def set_stream(self, stream) -> None:
         if stream is not None:

@@ -60,14 +60,15 @@ def capture(limit: int = 6, skip: int = 2) -> tuple:
     except ValueError:
         return ()
     out = []
-    internal = _internal
+    internal = _internal  # keyed by filename: str hashes are cached, code-object hashes are not
     while f is not None:
         code = f.f_code
-        inside = internal.get(code)
+        fn = code.co_filename
+        inside = internal.get(fn)
         if inside is None:
-            inside = internal[code] = _is_internal(code.co_filename)
+            inside = internal[fn] = _is_internal(fn)
         if not inside:
-            out.append((code.co_filename, f.f_lineno, code.co_name))
+            out.append((fn, f.f_lineno, code.co_name))
             if len(out) >= limit:
                 break
         f = f.f_back

@@ -25,6 +25,13 @@ _active = None
 _active_lock = threading.Lock()
 
 
+class _ThreadState(threading.local):
+    """Per host thread; class defaults keep lookups free of AttributeError (slow) on the hot path."""
+
+    tid = None
+    capture = None
+
+
 def active_session():
     return _active
 
@@ -43,7 +50,7 @@ class Session:
         self.delay_plan = delay_plan
         self.seq = 0
         self._lock = threading.RLock()
-        self._tls = threading.local()
+        self._tls = _ThreadState()
         self._next_timeline = 0
         self._next_event = 0
         self._next_graph = 0
@@ -75,7 +82,7 @@ class Session:
             return self._next_graph
 
     def thread_tid(self) -> int:
-        tid = getattr(self._tls, "tid", None)
+        tid = self._tls.tid
         if tid is None:
             tid = self._tls.tid = self.new_timeline()
             name = "host" if self._host_threads == 0 else f"host:{threading.current_thread().name}"
@@ -172,10 +179,10 @@ class Session:
 
     # -- per-thread state -----------------------------------------------------------------------
     def capture_state(self):
-        return getattr(self._tls, "capture", None)
+        return self._tls.capture
 
     def set_capture_state(self, state):
-        prev = getattr(self._tls, "capture", None)
+        prev = self._tls.capture
         self._tls.capture = state
         return prev
 
@@ -272,8 +279,6 @@ class Session:
             except Exception as e:
                 self.internal_error(e, "while finishing queued work")
             self._uninstall()
-            import gc
-            gc.collect()
             with self._lock:
                 if self.footprints.registry.dead:
                     self._drain_dead()
