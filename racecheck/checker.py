@@ -1,0 +1,992 @@
+"""The happens-before checker: vector clocks per stream and per host thread, online.
+
+    c = Checker()                 # Checker(context_window=64)
+    c.process(event)              # one trace event at a time, in host issue order
+    c.process_all(events)
+    c.findings                    # list[Finding], deduplicated by signature, detection order
+    c.timeline_name(tid)          # "plan_stream", or "stream 3" / "host 0" by default
+
+The checker knows nothing of torch. Its findings depend only on the trace: no set iteration
+order, object ids or timing decides what is reported or in which order.
+
+Model (CUDA semantics)
+----------------------
+* Every host thread and every stream is a timeline with a vector clock VC[T] (dict tid -> int).
+* Launch edge: device work issued by host H onto stream S first does VC[S] ⊔= VC[H] (work
+  issued after a host sync is ordered after what the host learned). Done only when H's clock
+  changed since S last joined it.
+* Thread-start edge (approximation): a host timeline seen for the first time (as an event's
+  `thread` or named host by NameTimeline) starts with a copy of the clock of the first host
+  timeline ever seen (the session's main thread) at that moment. The real edge is
+  `Thread.start()`, which precedes the new thread's first event; copying later can only add
+  edges the main thread made between start() and that first event (possible false negatives,
+  never false positives).
+* Each Kernel / Copy / GraphReplay on S is one epoch: VC[S][S] += 1; its accesses carry
+  (S, VC[S][S]). A HostAccess is one epoch of its host timeline.
+* EventRecord snapshots VC[S] (re-recording overwrites); StreamWaitEvent joins the latest snapshot
+  (a wait on a never-recorded event is a no-op, remembered for RC008); StreamWaitStream joins the
+  waitee's clock; HostSync joins a stream's, an event's or every stream's clock into the host;
+  a blocking copy involving host memory joins the stream into the host after the copy.
+* An access (T, c) is ordered before the point VC iff c <= VC.get(T, 0).
+
+Shadow memory (racecheck.shadow): per storage, sorted disjoint byte segments with the last write
+and at most one read per timeline. Memory is bounded by the number of distinct access boundaries,
+never by run length. (What does grow: one clock snapshot per distinct event id ever recorded,
+since the trace has no "event destroyed"; instrumentation should reuse an Event object's id.)
+
+Choices where the rules leave room
+----------------------------------
+* An op that races with one previous access under two rules (an in-place op reading then writing
+  bytes another stream wrote) is reported once, under the first rule found (RC001 for its read).
+* RC005 is checked only for device allocations the trace saw allocated (Alloc with host=False):
+  pinned host blocks are protected by the host caching allocator's own stream events, and a block
+  of unknown allocation stream cannot be judged.
+* RC006 looks at a graph input's bytes the graph actually reads: outside writes to other bytes of
+  the same storage are not "refreshes" (a shared buffer pool does not make every graph's unread
+  part look like a stale per-replay input).
+* RC007: `Footprint.born` is the trace index the next event had when the view was created (the
+  session's position), so a replay with seq >= born ran after the view was taken.
+* HostSync(device, N) orders the streams named on device N and the streams of unknown device.
+* A host-side no-op wait (event.synchronize() before any record) is named `event.synchronize`
+  in RC008 findings; a stream-side one `wait_event`.
+* Races already reported for the same segment and code sites are recognized cheaply before any
+  Finding is built (racy loops cost little), per storage, dropped with the storage.
+"""
+from __future__ import annotations
+
+import os
+from bisect import bisect_left
+from collections import deque
+
+from .clocks import join
+from .findings import Access, ContextEvent, Finding, FindingSet
+from .shadow import (StorageShadow, iv_add, iv_intersect, iv_normalize, iv_subtract,
+                     iv_union)
+from .trace import (Alloc, Copy, EventRecord, Free, GraphCapture, GraphReplay, HostAccess,
+                    HostSync, Kernel, NameTensor, NameTimeline, RecordStream, StreamWaitEvent,
+                    StreamWaitStream)
+
+__all__ = ["Checker"]
+
+# access record: a plain tuple, one per device op (or per captured op of a replay)
+R_TL, R_CLOCK, R_SEQ, R_EV, R_SUB, R_HOST, R_GRAPH = range(7)
+
+MAX_STACK = 8
+CONTEXT_CAP = 40
+CONTEXT_BEFORE = 3          # events per timeline shown before the earlier access
+NOOP_WAITS_KEPT = 64        # no-op waits remembered per timeline (for RC008)
+_RACE_RULES = ("RC001", "RC002", "RC003", "RC004")
+
+
+class _Timeline:
+    __slots__ = ("tid", "name", "is_host", "device", "vc", "ver", "jh", "jv", "ctx", "noop")
+
+    def __init__(self, tid, is_host, vc, window):
+        self.tid = tid
+        self.name = None
+        self.is_host = is_host
+        self.device = None
+        self.vc = vc
+        self.ver = 0          # host timelines: bumped whenever vc changes
+        self.jh = None        # streams: host timeline last joined (launch edge) ...
+        self.jv = -1          # ... and its version then
+        self.ctx = deque(maxlen=window)   # (seq, kind, label, peer tid | None, edge seq)
+        self.noop = None      # event -> (seq, stack) of no-op waits made by this timeline
+
+
+class _GraphInput:
+    """One storage a captured graph reads: its read ranges and the RC006 refresh state."""
+
+    __slots__ = ("storage", "read", "ever", "fresh", "ops")
+
+    def __init__(self, storage):
+        self.storage = storage
+        self.read = []       # bytes the graph reads (interval list)
+        self.ever = []       # written outside the graph since capture, up to the previous replay
+        self.fresh = []      # written outside the graph since the previous replay
+        self.ops = []        # indices of captured ops reading this storage
+
+
+class _Graph:
+    __slots__ = ("gid", "ops", "inputs", "nreplays", "first_replay", "last_replay")
+
+    def __init__(self, gid, ops):
+        self.gid = gid
+        self.ops = ops
+        self.inputs = {}
+        self.nreplays = 0
+        self.first_replay = None
+        self.last_replay = None   # (seq, stream tid, replay event)
+
+
+def _basename(path) -> str:
+    return os.path.basename(str(path)) if path else "?"
+
+
+def _fmt_stack(stack):
+    """(location, function, frames) from a tuple of (filename, lineno, function) frames."""
+    frames = []
+    for fr in stack[:MAX_STACK]:
+        try:
+            fn, line, func = fr[0], fr[1], fr[2]
+        except (IndexError, TypeError, KeyError):
+            frames.append(str(fr))
+            continue
+        frames.append(f"{_basename(fn)}:{line} in {func}")
+    if not stack:
+        return "", "", ()
+    fr = stack[0]
+    try:
+        return f"{_basename(fr[0])}:{fr[1]}", str(fr[2]), tuple(frames)
+    except (IndexError, TypeError, KeyError):
+        return str(fr), "", tuple(frames)
+
+
+def _span_text(a: int, b: int) -> str:
+    return f"{a}" if a == b else f"{a}..{b}"
+
+
+def _site(rec):
+    """Cheap identity of the code that made an access (for quick dedup of repeated races)."""
+    ev = rec[R_EV]
+    sub = rec[R_SUB]
+    first = ev.stack[0] if ev.stack else getattr(ev, "op", type(ev).__name__)
+    if sub is None:
+        return first
+    return (first, sub.op, sub.stack[0] if sub.stack else None)
+
+
+def _ctx_entry(e):
+    """Context entries are (seq, kind, label, peer tid | None, edge seq), except that a kernel's
+    entry is its access record (one tuple less per kernel on the hot path)."""
+    if len(e) == 7:
+        return (e[R_SEQ], "kernel", getattr(e[R_EV], "op", "kernel"), None, -1)
+    return e
+
+
+class Checker:
+    def __init__(self, context_window: int = 64):
+        self.context_window = int(context_window)
+        self.finding_set = FindingSet()
+        self._seq = 0
+        self._tl: dict = {}            # tid -> _Timeline (first-seen order)
+        self._streams: list = []       # stream timelines, first-seen order
+        self._main = None              # first host timeline
+        self._shadow: dict = {}        # storage -> StorageShadow
+        self._names: dict = {}         # storage -> [[lo, hi, name, row_bytes, itemsize, order]]
+        self._name_order = 0
+        self._records: dict = {}       # event -> (tid, snapshot, seq, stack)
+        self._allocs: dict = {}        # block -> (stream tid, host)
+        self._recstreams: dict = {}    # block -> set of stream tids (membership only)
+        self._graphs: dict = {}        # graph -> _Graph
+        self._readers: dict = {}       # storage -> [(graph, _GraphInput)] shared with shadows
+        self._pend: dict = {}          # races noted during the current event
+        self._handlers = {
+            Kernel: self._on_kernel, Copy: self._on_copy, EventRecord: self._on_record,
+            StreamWaitEvent: self._on_wait_event, StreamWaitStream: self._on_wait_stream,
+            HostSync: self._on_host_sync, HostAccess: self._on_host_access,
+            Alloc: self._on_alloc, Free: self._on_free, RecordStream: self._on_record_stream,
+            GraphCapture: self._on_capture, GraphReplay: self._on_replay,
+            NameTensor: self._on_name_tensor, NameTimeline: self._on_name_timeline,
+        }
+
+    # ---- public API ---------------------------------------------------------------------------
+
+    @property
+    def findings(self) -> list:
+        return list(self.finding_set.items)
+
+    @property
+    def events_processed(self) -> int:
+        return self._seq
+
+    def process(self, event) -> None:
+        seq = self._seq
+        self._seq = seq + 1
+        h = self._handlers.get(type(event))
+        if h is None:
+            h = self._handler_for(event)
+            if h is None:
+                return
+        h(event, seq)
+        if self._pend:
+            self._flush()
+
+    def process_all(self, events) -> "Checker":
+        hget = self._handlers.get
+        seq = self._seq
+        try:
+            for ev in events:
+                h = hget(type(ev))
+                if h is None:
+                    h = self._handler_for(ev)
+                if h is not None:
+                    h(ev, seq)
+                    if self._pend:
+                        self._flush()
+                seq += 1
+        finally:
+            # handlers take seq as an argument; the counter is only stored once
+            self._seq = seq
+        return self
+
+    def timeline_name(self, tid) -> str:
+        tl = self._tl.get(tid)
+        if tl is not None:
+            if tl.name:
+                return tl.name
+            return f"host {tid}" if tl.is_host else f"stream {tid}"
+        return f"stream {tid}"
+
+    def stats(self) -> dict:
+        """Sizes of the checker's state (to show memory stays flat)."""
+        return {"events": self._seq, "timelines": len(self._tl), "storages": len(self._shadow),
+                "segments": sum(len(s.states) for s in self._shadow.values()),
+                "event_records": len(self._records), "graphs": len(self._graphs),
+                "findings": len(self.finding_set)}
+
+    # ---- timelines ----------------------------------------------------------------------------
+
+    def _handler_for(self, event):
+        for cls in type(event).__mro__:
+            h = self._handlers.get(cls)
+            if h is not None:
+                self._handlers[type(event)] = h
+                return h
+        return None
+
+    def _new_host(self, tid) -> _Timeline:
+        main = self._main
+        vc = dict(main.vc) if main is not None else {}
+        vc.setdefault(tid, 0)
+        tl = _Timeline(tid, True, vc, self.context_window)
+        self._tl[tid] = tl
+        if main is None:
+            self._main = tl
+        return tl
+
+    def _new_stream(self, tid) -> _Timeline:
+        tl = _Timeline(tid, False, {tid: 0}, self.context_window)
+        self._tl[tid] = tl
+        self._streams.append(tl)
+        return tl
+
+    def _host(self, tid) -> _Timeline:
+        tl = self._tl.get(tid)
+        return tl if tl is not None else self._new_host(tid)
+
+    def _stream(self, tid) -> _Timeline:
+        tl = self._tl.get(tid)
+        return tl if tl is not None else self._new_stream(tid)
+
+    def _launch(self, ev) -> _Timeline:
+        """Host timeline of ev; ev.stream's timeline joined with it (the launch edge)."""
+        tls = self._tl
+        h = tls.get(ev.thread)
+        if h is None:
+            h = self._new_host(ev.thread)
+        s = tls.get(ev.stream)
+        if s is None:
+            s = self._new_stream(ev.stream)
+        if s.jh is not h or s.jv != h.ver:
+            join(s.vc, h.vc)
+            s.jh = h
+            s.jv = h.ver
+        return s
+
+    # ---- device work --------------------------------------------------------------------------
+
+    def _on_kernel(self, ev, seq):
+        tls = self._tl
+        h = tls.get(ev.thread)
+        if h is None:
+            h = self._new_host(ev.thread)
+        s = tls.get(ev.stream)
+        if s is None:
+            s = self._new_stream(ev.stream)
+        if s.jh is not h or s.jv != h.ver:
+            join(s.vc, h.vc)
+            s.jh = h
+            s.jv = h.ver
+        vc = s.vc
+        tid = s.tid
+        c = vc[tid] + 1
+        vc[tid] = c
+        rec = (tid, c, seq, ev, None, False, None)
+        s.ctx.append(rec)      # a 7-tuple context entry: a kernel (see _ctx_entry)
+        if ev.reads:
+            self._read(ev.reads, rec, vc)
+        if ev.writes:
+            self._write(ev.writes, rec, vc, None)
+
+    def _on_copy(self, ev, seq):
+        s = self._launch(ev)
+        vc = s.vc
+        tid = s.tid
+        c = vc[tid] + 1
+        vc[tid] = c
+        src, dst = ev.src, ev.dst
+        direction = ("H2H" if dst.host else "H2D") if src.host else ("D2H" if dst.host else "D2D")
+        s.ctx.append((seq, "copy", f"{ev.op} {direction}", None, -1))
+        rec = (tid, c, seq, ev, None, False, None)
+        self._read((src,), rec, vc)
+        self._write((dst,), rec, vc, None)
+        if not ev.non_blocking and (src.host or dst.host):
+            h = self._tl[ev.thread]
+            join(h.vc, vc)
+            h.ver += 1
+            h.ctx.append((seq, "sync", f"blocking {ev.op} {direction}", tid, seq))
+
+    def _on_host_access(self, ev, seq):
+        h = self._host(ev.thread)
+        vc = h.vc
+        tid = h.tid
+        c = vc.get(tid, 0) + 1
+        vc[tid] = c
+        h.ver += 1
+        h.ctx.append((seq, "host", ev.op, None, -1))
+        rec = (tid, c, seq, ev, None, True, None)
+        if ev.reads:
+            self._read(ev.reads, rec, vc)
+        if ev.writes:
+            self._write(ev.writes, rec, vc, None)
+
+    # ---- the hot path: shadow memory ----------------------------------------------------------
+
+    def _new_shadow(self, storage) -> StorageShadow:
+        sh = StorageShadow(storage, self._readers.get(storage))
+        self._shadow[storage] = sh
+        return sh
+
+    def _read(self, fps, rec, vc):
+        shadows = self._shadow
+        vcget = vc.get
+        tid = rec[0]
+        for fp in fps:
+            sh = shadows.get(fp.storage)
+            if sh is None:
+                sh = self._new_shadow(fp.storage)
+            states = sh.states
+            bounds = sh.bounds
+            for lo, hi in fp.ranges:
+                # fast path: exactly one existing segment (a whole tensor accessed again)
+                i = bisect_left(bounds, lo)
+                if i + 1 < len(bounds) and bounds[i] == lo and bounds[i + 1] == hi:
+                    st = states[i]
+                    if st is not None:
+                        w = st[0]
+                        if w is not None:
+                            if w[1] > vcget(w[0], 0):
+                                self._race(w, rec, True, False, fp, sh, lo, hi)
+                            if w[6] is not None and fp.born is not None:
+                                self._check_rc007(w, rec, fp, sh, lo, hi)
+                        st[1][tid] = rec
+                        continue
+                if lo >= hi:
+                    continue
+                i, j = sh.span(lo, hi)
+                for k in range(i, j):
+                    st = states[k]
+                    if st is None:
+                        states[k] = [None, {tid: rec}]
+                        continue
+                    w = st[0]
+                    if w is not None:
+                        if w[1] > vcget(w[0], 0):
+                            self._race(w, rec, True, False, fp, sh, bounds[k], bounds[k + 1])
+                        if w[6] is not None and fp.born is not None:
+                            self._check_rc007(w, rec, fp, sh, bounds[k], bounds[k + 1])
+                    st[1][tid] = rec
+
+    def _write(self, fps, rec, vc, graph):
+        shadows = self._shadow
+        vcget = vc.get
+        for fp in fps:
+            sh = shadows.get(fp.storage)
+            if sh is None:
+                sh = self._new_shadow(fp.storage)
+            states = sh.states
+            bounds = sh.bounds
+            rd = sh.readers
+            for lo, hi in fp.ranges:
+                i = bisect_left(bounds, lo)
+                if i + 1 < len(bounds) and bounds[i] == lo and bounds[i + 1] == hi \
+                        and states[i] is not None:
+                    # fast path: exactly one existing segment
+                    st = states[i]
+                    w = st[0]
+                    if w is not None and w[1] > vcget(w[0], 0):
+                        self._race(w, rec, True, True, fp, sh, lo, hi)
+                    r = st[1]
+                    if r:
+                        for pr in r.values():
+                            if pr[1] > vcget(pr[0], 0):
+                                self._race(pr, rec, False, True, fp, sh, lo, hi)
+                        r.clear()
+                    st[0] = rec
+                else:
+                    if lo >= hi:
+                        continue
+                    i, j = sh.span(lo, hi)
+                    for k in range(i, j):
+                        st = states[k]
+                        if st is None:
+                            continue
+                        w = st[0]
+                        if w is not None and w[1] > vcget(w[0], 0):
+                            self._race(w, rec, True, True, fp, sh, bounds[k], bounds[k + 1])
+                        r = st[1]
+                        if r:
+                            for pr in r.values():
+                                if pr[1] > vcget(pr[0], 0):
+                                    self._race(pr, rec, False, True, fp, sh, bounds[k],
+                                               bounds[k + 1])
+                    sh.collapse(i, j, [rec, {}])
+                if rd:
+                    for g, inp in rd:
+                        if g != graph:
+                            inp.fresh = iv_add(inp.fresh, lo, hi)
+
+    # ---- synchronization ----------------------------------------------------------------------
+
+    def _on_record(self, ev, seq):
+        s = self._launch(ev)
+        self._records[ev.event] = (s.tid, dict(s.vc), seq, ev.stack)
+        s.ctx.append((seq, "record", f"record event #{ev.event}", None, -1))
+
+    def _remember_noop(self, tl, event, seq, stack, host):
+        noop = tl.noop
+        if noop is None:
+            noop = tl.noop = {}
+        noop.pop(event, None)
+        noop[event] = (seq, stack, host)
+        if len(noop) > NOOP_WAITS_KEPT:
+            del noop[next(iter(noop))]
+
+    def _on_wait_event(self, ev, seq):
+        s = self._launch(ev)
+        r = self._records.get(ev.event)
+        if r is None:
+            self._remember_noop(s, ev.event, seq, ev.stack, False)
+            s.ctx.append((seq, "wait", f"wait_event #{ev.event} (no-op: never recorded)", None, -1))
+            return
+        join(s.vc, r[1])
+        s.ctx.append((seq, "wait", f"wait_event #{ev.event}", r[0], r[2]))
+
+    def _on_wait_stream(self, ev, seq):
+        h = self._host(ev.thread)
+        s = self._stream(ev.waiter)
+        if s.jh is not h or s.jv != h.ver:
+            join(s.vc, h.vc)
+            s.jh = h
+            s.jv = h.ver
+        t = self._stream(ev.waitee)
+        if t is not s:
+            join(s.vc, t.vc)
+        edge = _ctx_entry(t.ctx[-1])[0] if t.ctx else -1
+        s.ctx.append((seq, "wait", "wait_stream", t.tid, edge))
+
+    def _on_host_sync(self, ev, seq):
+        h = self._host(ev.thread)
+        kind, target = ev.sync_kind, ev.target
+        if kind == "stream":
+            s = self._tl.get(target)
+            if s is not None and s is not h:
+                join(h.vc, s.vc)
+                h.ctx.append((seq, "sync", "stream synchronize", s.tid,
+                              _ctx_entry(s.ctx[-1])[0] if s.ctx else -1))
+        elif kind == "event":
+            r = self._records.get(target)
+            if r is None:
+                self._remember_noop(h, target, seq, ev.stack, True)
+                h.ctx.append((seq, "sync", f"event #{target} synchronize (no-op: never recorded)",
+                              None, -1))
+            else:
+                join(h.vc, r[1])
+                h.ctx.append((seq, "sync", f"event #{target} synchronize", r[0], r[2]))
+        elif kind == "device":
+            for s in self._streams:
+                if target is None or s.device is None or s.device == target:
+                    join(h.vc, s.vc)
+            h.ctx.append((seq, "sync", "device synchronize", None, -1))
+        h.ver += 1
+
+    # ---- allocator ----------------------------------------------------------------------------
+
+    def _on_alloc(self, ev, seq):
+        self._host(ev.thread)
+        s = self._stream(ev.stream) if ev.stream is not None else None
+        self._allocs[ev.block] = (s.tid if s is not None else None, bool(ev.host))
+        self._shadow.pop(ev.block, None)
+        self._recstreams.pop(ev.block, None)
+
+    def _on_record_stream(self, ev, seq):
+        self._host(ev.thread)
+        self._recstreams.setdefault(ev.block, set()).add(ev.stream)
+
+    def _on_free(self, ev, seq):
+        h = self._host(ev.thread)
+        blk = ev.block
+        h.ctx.append((seq, "free", f"free storage #{blk}", None, -1))
+        info = self._allocs.pop(blk, None)
+        sh = self._shadow.pop(blk, None)
+        rs = self._recstreams.pop(blk, None) or ()
+        if sh is not None and info is not None and not info[1] and info[0] is not None:
+            self._check_rc005(ev, seq, h, blk, info[0], sh, rs)
+        self._names.pop(blk, None)
+        for _g, inp in self._readers.get(blk, ()):
+            inp.ever = []
+            inp.fresh = []
+
+    def _check_rc005(self, ev, seq, h, blk, a_tid, sh, rs):
+        a = self._tl.get(a_tid)
+        avc = a.vc if a is not None else {}
+        hvc = h.vc
+        tls = self._tl
+        found = {}    # T -> [latest rec, kind, ranges]
+        for lo, hi, st in sh.segments():
+            items = [(st[0], "write")] if st[0] is not None else []
+            items.extend((r, "read") for r in st[1].values())
+            for rec, kind in items:
+                t = rec[R_TL]
+                if t == a_tid or rec[R_HOST] or t in rs:
+                    continue
+                tl = tls.get(t)
+                if tl is None or tl.is_host:
+                    continue
+                c = rec[R_CLOCK]
+                if c <= hvc.get(t, 0) or c <= avc.get(t, 0):
+                    continue
+                ent = found.get(t)
+                if ent is None:
+                    found[t] = [rec, kind, [(lo, hi)]]
+                else:
+                    if rec[R_SEQ] > ent[0][R_SEQ]:
+                        ent[0], ent[1] = rec, kind
+                    ent[2] = iv_add(ent[2], lo, hi)
+        for t, (rec, kind, ranges) in sorted(found.items(), key=lambda x: x[1][0][R_SEQ]):
+            tensor, where, _nm = self._describe(blk, ranges)
+            prev = self._access(rec, kind)
+            loc, fn, frames = _fmt_stack(ev.stack)
+            a_name = self.timeline_name(a_tid)
+            other = self.timeline_name(t)
+            cur = Access(op="free", stream=a_name, kind="free", location=loc, function=fn,
+                         stack=frames, seq=seq)
+            f = Finding(
+                rule="RC005", tensor=tensor, current=cur, previous=prev,
+                suggestion=(f"call `{tensor}.record_stream({other})` before freeing it, or keep a "
+                            f"reference until `{other}`'s work completes"),
+                detail=(f"{where} freed by `{self.timeline_name(h.tid)}` back to `{a_name}`'s pool "
+                        f"while the {kind} by `{prev.op}` on `{other}` is not ordered before "
+                        f"the free; a new allocation on `{a_name}` may reuse the bytes under it"),
+                approx=self._approx(rec, blk) or "",
+                context=self._context((t, a_tid, h.tid), rec[R_SEQ], seq),
+                missing_edge=(other, a_name))
+            self.finding_set.add(f)
+
+    # ---- graphs -------------------------------------------------------------------------------
+
+    def _on_capture(self, ev, seq):
+        h = self._host(ev.thread)
+        g = ev.graph
+        old = self._graphs.get(g)
+        if old is not None:
+            for st, inp in old.inputs.items():
+                lst = self._readers.get(st)
+                if lst:
+                    lst[:] = [x for x in lst if x[1] is not inp]
+        gr = _Graph(g, list(ev.ops))
+        for idx, op in enumerate(gr.ops):
+            for fp in op.reads:
+                inp = gr.inputs.get(fp.storage)
+                if inp is None:
+                    inp = gr.inputs[fp.storage] = _GraphInput(fp.storage)
+                for lo, hi in fp.ranges:
+                    inp.read = iv_add(inp.read, lo, hi)
+                if not inp.ops or inp.ops[-1] != idx:
+                    inp.ops.append(idx)
+        for st, inp in gr.inputs.items():
+            lst = self._readers.get(st)
+            if lst is None:
+                lst = self._readers[st] = []
+            lst.append((g, inp))
+            sh = self._shadow.get(st)
+            if sh is not None:
+                sh.readers = lst
+        self._graphs[g] = gr
+        h.ctx.append((seq, "capture", f"capture graph {g} ({len(gr.ops)} ops)", None, -1))
+
+    def _on_replay(self, ev, seq):
+        s = self._launch(ev)
+        vc = s.vc
+        tid = s.tid
+        c = vc[tid] + 1
+        vc[tid] = c
+        g = ev.graph
+        s.ctx.append((seq, "replay", f"replay graph {g}", None, -1))
+        gr = self._graphs.get(g)
+        if gr is None:
+            return
+        if gr.inputs:
+            self._check_rc006(gr, ev, seq, s)
+        for cop in gr.ops:
+            rec = (tid, c, seq, ev, cop, False, g)
+            if cop.reads:
+                self._read(cop.reads, rec, vc)
+            if cop.writes:
+                self._write(cop.writes, rec, vc, g)
+        gr.nreplays += 1
+        if gr.first_replay is None:
+            gr.first_replay = seq
+        gr.last_replay = (seq, tid, ev)
+
+    def _check_rc006(self, gr, ev, seq, s):
+        g = gr.gid
+        for st, inp in gr.inputs.items():
+            if not inp.fresh:
+                continue
+            fresh = iv_intersect(inp.fresh, inp.read)
+            if fresh and gr.nreplays > 0:
+                stale = iv_subtract(iv_intersect(inp.read, inp.ever), fresh)
+                if stale:
+                    self._report_rc006(gr, inp, stale, fresh, ev, seq, s)
+            inp.ever = iv_union(inp.ever, fresh)
+            inp.fresh = []
+
+    def _report_rc006(self, gr, inp, stale, fresh, ev, seq, s):
+        g = gr.gid
+        st = inp.storage
+        tensor, where, nm = self._describe(st, stale)
+        # the captured op reading the stale bytes
+        cop = gr.ops[inp.ops[0]]
+        for idx in inp.ops:
+            op = gr.ops[idx]
+            if any(iv_intersect(iv_normalize([r for fp in op.reads if fp.storage == st
+                                              for r in fp.ranges]), stale)):
+                cop = op
+                break
+        cur = self._access((s.tid, 0, seq, ev, cop, False, g), "read")
+        prev = None
+        prev_tid = s.tid
+        prev_seq = gr.last_replay[0] if gr.last_replay else seq
+        sh = self._shadow.get(st)
+        if sh is not None:
+            k = sh.find(stale[0][0])
+            if k >= 0 and sh.states[k] is not None:
+                w = sh.states[k][0]
+                if w is not None and w[R_GRAPH] != g:
+                    prev = self._access(w, "write")
+                    prev_tid, prev_seq = w[R_TL], w[R_SEQ]
+        if prev is None and gr.last_replay is not None:
+            lseq, ltid, lev = gr.last_replay
+            loc, fn, frames = _fmt_stack(lev.stack)
+            prev = Access(op=f"replay of graph {g}", stream=self.timeline_name(ltid),
+                          kind="replay", location=loc, function=fn, stack=frames, seq=lseq)
+            prev_tid, prev_seq = ltid, lseq
+        rows = self._units(stale, nm, st)
+        unit = "rows" if nm is not None and nm[3] else ("elements" if nm is not None else "bytes")
+        detail = (f"{unit} {rows} of {tensor} were last written before the previous replay of "
+                  f"graph {g}; since then only {self._units(fresh, nm, st)} were rewritten, so "
+                  f"this replay reads stale values there ({where})")
+        f = Finding(
+            rule="RC006", tensor=tensor, current=cur, previous=prev,
+            suggestion=f"rewrite (e.g. zero) the padded {unit} {rows} of `{tensor}` before each replay",
+            detail=detail, approx=self._fp_approx_in(cop, st) or "",
+            context=self._context((prev_tid, s.tid), prev_seq, seq),
+            missing_edge=(prev.stream, cur.stream))
+        self.finding_set.add(f)
+
+    # ---- names --------------------------------------------------------------------------------
+
+    def _on_name_tensor(self, ev, seq):
+        self._host(ev.thread)
+        lst = self._names.get(ev.storage)
+        if lst is None:
+            lst = self._names[ev.storage] = []
+        self._name_order += 1
+        entry = [ev.lo, ev.hi, ev.name, ev.row_bytes or 0, ev.itemsize or 1, self._name_order]
+        for i, e in enumerate(lst):
+            if e[0] == ev.lo and e[1] == ev.hi:
+                lst[i] = entry
+                break
+        else:
+            lst.append(entry)
+
+    def _on_name_timeline(self, ev, seq):
+        self._host(ev.thread)
+        tl = self._tl.get(ev.timeline)
+        if tl is None:
+            tl = self._new_host(ev.timeline) if ev.is_host else self._new_stream(ev.timeline)
+        tl.name = ev.name
+        if ev.device is not None:
+            tl.device = ev.device
+
+    def _name_for(self, storage, lo, hi):
+        """The most specific (smallest, then latest) named range overlapping [lo, hi)."""
+        best = None
+        for e in self._names.get(storage, ()):
+            if e[0] < hi and lo < e[1]:
+                if best is None or (e[1] - e[0], -e[5]) < (best[1] - best[0], -best[5]):
+                    best = e
+        return best
+
+    def _units(self, ranges, nm, storage) -> str:
+        parts = []
+        for lo, hi in ranges:
+            if nm is not None:
+                a, b = max(lo, nm[0]), min(hi, nm[1])
+                if a >= b:
+                    a, b = lo, hi
+                size = nm[3] or nm[4] or 1
+                parts.append(_span_text((a - nm[0]) // size, (b - 1 - nm[0]) // size))
+            else:
+                parts.append(_span_text(lo, hi - 1))
+        return ", ".join(parts)
+
+    def _describe(self, storage, ranges):
+        """(tensor name, 'rows 3..7 of `x` (bytes 24..63 of storage #5)', name entry)."""
+        lo, hi = ranges[0][0], ranges[-1][1]
+        nm = self._name_for(storage, lo, hi)
+        byte_text = ", ".join(_span_text(a, b - 1) for a, b in ranges)
+        if nm is None:
+            tensor = f"unnamed tensor (storage #{storage}, bytes {lo}..{hi - 1})"
+            return tensor, f"bytes {byte_text} of storage #{storage}", None
+        unit = "rows" if nm[3] else "elements"
+        where = f"{unit} {self._units(ranges, nm, storage)} of `{nm[2]}` (bytes {byte_text} of storage #{storage})"
+        return nm[2], where, nm
+
+    # ---- findings -----------------------------------------------------------------------------
+
+    def _race(self, prev, cur, pw, cw, fp, sh, lo, hi):
+        """An unordered conflicting pair on [lo, hi) of sh's storage: note it for this event."""
+        if prev[R_HOST]:
+            if cur[R_HOST]:
+                return                      # host vs host: not our business
+            rule = "RC004"
+        elif cur[R_HOST]:
+            rule = "RC004"
+        elif not cw:
+            rule = "RC001"
+        elif pw:
+            rule = "RC003"
+        else:
+            rule = "RC002"
+        self._note(rule, (id(prev), sh.storage), prev, cur, pw, cw, fp, sh, lo, hi)
+
+    def _check_rc007(self, w, cur, fp, sh, lo, hi):
+        # born is the trace index the next event had when the view was created (the session's
+        # position): a replay with seq >= born ran after the view was taken, one with seq < born
+        # before it.
+        born = fp.born
+        if w[R_SEQ] < born:
+            return
+        gr = self._graphs.get(w[R_GRAPH])
+        if gr is None or gr.first_replay is None or gr.first_replay >= born:
+            return
+        self._note("RC007", ("rc007", id(w), sh.storage), w, cur, True, False, fp, sh, lo, hi)
+
+    def _note(self, rule, key, prev, cur, pw, cw, fp, sh, lo, hi):
+        pend = self._pend
+        ent = pend.get(key)
+        if ent is not None and ent[0] != rule:
+            # the same previous access already races with this op under another rule (an
+            # in-place op reads then writes): report the first rule only
+            return
+        tl = self._tl.get(cur[R_TL])
+        qk = (rule, lo, hi, _site(cur), _site(prev), len(self._names.get(sh.storage, ())),
+              len(tl.noop) if tl is not None and tl.noop else 0)
+        seen = sh.seen
+        if seen is None:
+            seen = sh.seen = set()
+        new = qk not in seen
+        if new:
+            seen.add(qk)
+        if ent is None:
+            pend[key] = [rule, prev, cur, pw, cw, fp, [(lo, hi)] if new else [], sh]
+        elif new:
+            ent[6].append((lo, hi))
+
+    def _flush(self):
+        pend = self._pend
+        self._pend = {}
+        for rule, prev, cur, pw, cw, fp, segs, sh in pend.values():
+            if not segs:
+                continue
+            # group the racing segments by tensor name (a pool storage can hold several)
+            groups = {}
+            for lo, hi in segs:
+                nm = self._name_for(sh.storage, lo, hi)
+                k = nm[5] if nm is not None else None
+                groups.setdefault(k, []).append((lo, hi))
+            for ranges in groups.values():
+                ranges = iv_normalize(ranges)
+                if rule == "RC007":
+                    self._report_rc007(prev, cur, fp, sh.storage, ranges)
+                else:
+                    self._report_race(rule, prev, cur, pw, cw, fp, sh.storage, ranges)
+
+    def _report_race(self, rule, prev, cur, pw, cw, fp, storage, ranges):
+        tensor, where, _nm = self._describe(storage, ranges)
+        p = self._access(prev, "write" if pw else "read")
+        c = self._access(cur, "write" if cw else "read")
+        if rule == "RC004":
+            suggestion = self._suggest_rc004(p, c, prev, cur, tensor)
+            detail = (f"{where}: the host {'read' if not (cw if cur[R_HOST] else pw) else 'write'} "
+                      f"on `{(c if cur[R_HOST] else p).stream}` is not ordered with the device "
+                      f"{(p if cur[R_HOST] else c).kind} by `{(p if cur[R_HOST] else c).op}` on "
+                      f"`{(p if cur[R_HOST] else c).stream}` (no synchronize on the copy's "
+                      f"stream or event in between)")
+        else:
+            suggestion = (f"record an event on `{p.stream}` after `{p.function or p.op}` and make "
+                          f"`{c.stream}` wait on it before `{c.function or c.op}` "
+                          f"({c.stream}.wait_event(e)), or {c.stream}.wait_stream({p.stream})")
+            detail = (f"{where}: the {c.kind} on `{c.stream}` is not ordered after the {p.kind} "
+                      f"on `{p.stream}` (no event wait, stream wait or host sync between them)")
+        approx = fp.approx or self._approx(prev, storage) or ""
+        if approx:
+            detail += f"; footprint approximate ({approx}): the access may touch fewer bytes"
+        f = Finding(rule=rule, tensor=tensor, current=c, previous=p, suggestion=suggestion,
+                    detail=detail, approx=approx,
+                    context=self._context((prev[R_TL], cur[R_TL]), prev[R_SEQ], cur[R_SEQ]),
+                    missing_edge=(p.stream, c.stream))
+        self.finding_set.add(f)
+        self._check_rc008(prev, cur, tensor, rule)
+
+    def _suggest_rc004(self, p, c, prev, cur, tensor):
+        if cur[R_HOST]:
+            if c.kind == "read":
+                return (f"synchronize on the copy (record an event after it on `{p.stream}` and "
+                        f"call event.synchronize()) before reading `{tensor}` on the host")
+            return (f"wait for the copy (event.synchronize()) before overwriting `{tensor}` on "
+                    f"the host, or copy from a separate buffer")
+        return (f"order the host {p.kind} of `{tensor}` on `{p.stream}` before `{c.function or c.op}` "
+                f"is issued on `{c.stream}` (join or signal the host thread `{p.stream}` before "
+                f"issuing it, or issue it from `{p.stream}`)")
+
+    def _report_rc007(self, w, cur, fp, storage, ranges):
+        tensor, where, _nm = self._describe(storage, ranges)
+        p = self._access(w, "write")
+        c = self._access(cur, "read")
+        g = w[R_GRAPH]
+        f = Finding(
+            rule="RC007", tensor=tensor, current=c, previous=p,
+            suggestion="consume or .clone() the output before the next replay of the graph",
+            detail=(f"{where} was overwritten by a later replay of graph {g} (seq {w[R_SEQ]}) after "
+                    f"the view read here was taken (seq {fp.born}): it now holds that replay's "
+                    f"output, not the one the view was taken for"),
+            approx=fp.approx or "",
+            context=self._context((w[R_TL], cur[R_TL]), w[R_SEQ], cur[R_SEQ]),
+            missing_edge=(p.stream, c.stream))
+        self.finding_set.add(f)
+
+    def _check_rc008(self, prev, cur, tensor, rule):
+        b = self._tl.get(cur[R_TL])
+        if b is None or not b.noop:
+            return
+        a_tid = prev[R_TL]
+        for event, (wseq, wstack, host) in list(b.noop.items()):
+            r = self._records.get(event)
+            if r is None or r[0] != a_tid or r[1].get(a_tid, 0) < prev[R_CLOCK]:
+                continue
+            a_name = self.timeline_name(a_tid)
+            b_name = self.timeline_name(b.tid)
+            wloc, wfn, wframes = _fmt_stack(wstack)
+            rloc, rfn, rframes = _fmt_stack(r[3])
+            cur_acc = Access(op="event.synchronize" if host else "wait_event", stream=b_name,
+                             kind="wait", location=wloc, function=wfn, stack=wframes, seq=wseq)
+            prev_acc = Access(op="record", stream=a_name, kind="record", location=rloc,
+                              function=rfn, stack=rframes, seq=r[2])
+            how = (f"event #{event}.synchronize()" if host else f"`{b_name}`.wait_event(#{event})")
+            f = Finding(
+                rule="RC008", tensor=tensor, current=cur_acc, previous=prev_acc,
+                suggestion=(f"record event #{event} before waiting on it (move the wait"
+                            f"{' at ' + wloc if wloc else ''} after `e.record({a_name})`"
+                            f"{' at ' + rloc if rloc else ''}): a wait on an event that was "
+                            f"never recorded does nothing"),
+                detail=(f"{how} ran before event #{event} was ever recorded, so it was a no-op; the "
+                        f"later record on `{a_name}` covers the access {rule} reports on "
+                        f"`{tensor}`, so the wait was meant to order it"),
+                context=self._context((a_tid, b.tid), min(wseq, prev[R_SEQ]), cur[R_SEQ]),
+                missing_edge=(a_name, b_name))
+            self.finding_set.add(f)
+
+    def _access(self, rec, kind) -> Access:
+        ev = rec[R_EV]
+        sub = rec[R_SUB]
+        if sub is not None:
+            op = f"{sub.op} (replay of graph {rec[R_GRAPH]})"
+            outer, inner = tuple(ev.stack or ()), tuple(sub.stack or ())
+            if len(outer) + len(inner) > MAX_STACK:      # keep some of both
+                keep = min(len(inner), MAX_STACK // 2)
+                outer, inner = outer[:MAX_STACK - keep], inner[:keep]
+            stack = outer + inner
+        else:
+            op = getattr(ev, "op", "") or type(ev).kind
+            stack = ev.stack or ()
+        loc, fn, frames = _fmt_stack(stack)
+        return Access(op=op, stream=self.timeline_name(rec[R_TL]), kind=kind, location=loc,
+                      function=fn, stack=frames, seq=rec[R_SEQ])
+
+    @staticmethod
+    def _fp_approx_in(obj, storage):
+        fps = []
+        for f in ("reads", "writes"):
+            fps.extend(getattr(obj, f, None) or ())
+        for f in ("src", "dst"):
+            v = getattr(obj, f, None)
+            if v is not None:
+                fps.append(v)
+        for fp in fps:
+            if fp.storage == storage and fp.approx:
+                return fp.approx
+        return None
+
+    def _approx(self, rec, storage):
+        sub = rec[R_SUB]
+        return self._fp_approx_in(sub if sub is not None else rec[R_EV], storage)
+
+    def _context(self, tids, start_seq, end_seq) -> tuple:
+        """Recent events on the involved timelines (and sync edges into them), oldest first."""
+        order = []
+        for t in tids:
+            if t not in order:
+                order.append(t)
+        tset = set(order)
+        items = []
+        for t in order:
+            tl = self._tl.get(t)
+            if tl is None:
+                continue
+            before = []
+            for e in tl.ctx:
+                if len(e) == 7:
+                    e = _ctx_entry(e)
+                s = e[0]
+                if s > end_seq:
+                    break
+                if s < start_seq:
+                    before.append((e, t))
+                else:
+                    items.append((e, t))
+            items.extend(before[-CONTEXT_BEFORE:])
+        for tl in self._tl.values():
+            if tl.tid in tset:
+                continue
+            for e in tl.ctx:
+                if len(e) == 7:
+                    continue            # a kernel: no peer
+                if start_seq <= e[0] <= end_seq and e[3] in tset:
+                    items.append((e, tl.tid))
+        items.sort(key=lambda x: x[0][0])
+        if len(items) > CONTEXT_CAP:
+            pre = [x for x in items if x[0][0] < start_seq]
+            mid = [x for x in items if x[0][0] >= start_seq]
+            room = CONTEXT_CAP - len(pre)
+            if len(mid) > room:
+                head = room // 3
+                mid = mid[:head] + mid[len(mid) - (room - head):]
+            items = pre + mid
+        name = self.timeline_name
+        return tuple(ContextEvent(seq=e[0], timeline=name(t), kind=e[1], label=e[2],
+                                  peer=name(e[3]) if e[3] is not None else "", edge=e[4])
+                     for e, t in items)
