@@ -33,8 +33,15 @@ INDEX_OPS = {
 NO_ACCESS = {
     "is_pinned", "_pin_memory", "pin_memory", "record_stream", "detach", "lift_fresh",
     "_to_copy_noop", "size", "stride", "storage_offset", "is_same_size", "_has_compatible_shallow_copy_type",
-    "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "_nested_tensor_size", "set_",
-    "resize_", "_resize_output_", "alias", "equal_noop",
+    "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "_nested_tensor_size",
+    "alias", "equal_noop",
+}
+
+# In-place changes of a tensor's metadata (shape, strides, storage): no data access, but the
+# tensor's cached footprint is stale afterwards.
+METADATA_INPLACE = {
+    "t_", "transpose_", "squeeze_", "unsqueeze_", "as_strided_", "swapdims_", "swapaxes_",
+    "detach_", "resize_", "resize_as_", "set_", "_resize_output_", "resize_as_sparse_",
 }
 
 # Output shape depends on tensor values: the host must wait for the stream (as CUDA does).
@@ -52,7 +59,8 @@ class OpClass:
     """Per-overload classification, computed once."""
 
     __slots__ = ("name", "args", "out_roles", "inplace_self", "index", "no_access",
-                 "is_view", "is_copy", "is_scalar_read", "data_dependent", "factory_meta_self")
+                 "is_view", "is_copy", "is_scalar_read", "data_dependent", "factory_meta_self",
+                 "metadata_inplace", "has_pin_memory")
 
     def __init__(self, func):
         schema = func._schema
@@ -83,6 +91,8 @@ class OpClass:
         self.inplace_self = bool(args) and args[0][3] == WRITE
         self.index = INDEX_OPS.get(name)
         self.no_access = name in NO_ACCESS
+        self.metadata_inplace = name in METADATA_INPLACE
+        self.has_pin_memory = any(a.name == "pin_memory" for a in schema.arguments)
         self.is_copy = name == "copy_"
         self.is_scalar_read = name == "_local_scalar_dense"
         self.data_dependent = name in DATA_DEPENDENT

@@ -7,6 +7,7 @@ which the footprint says. Index ops resolve their index values into the exact ro
 """
 from __future__ import annotations
 
+import itertools
 import weakref
 from collections import deque
 
@@ -17,6 +18,8 @@ from racecheck.trace import Footprint
 MAX_RUNS = 4096          # above this many runs a strided view is covered by its bounding interval
 MAX_INDEX_ELEMS = 1 << 20  # above this many touched positions an index op covers the whole view
 _CACHE_LIMIT = 8192
+CACHE_ATTR = "_racecheck_fp"
+_tokens = itertools.count(1)
 
 
 class StorageRegistry:
@@ -148,11 +151,33 @@ class FootprintMaker:
 
     def __init__(self, registry: StorageRegistry):
         self.registry = registry
+        self.token = next(_tokens)       # cache entries of another session's maker are stale
         self._by_cdata = registry._by_cdata
         self._cache: dict = {}
         self.born_attr = "_racecheck_born"
 
     def of(self, t: torch.Tensor) -> Footprint | None:
+        """Footprint of a whole view. Cached on the tensor while its data pointer is unchanged
+        (in-place metadata ops drop the cache: see `forget`); footprints are never mutated."""
+        d = t.__dict__
+        hit = d.get(CACHE_ATTR)
+        if hit is not None and hit[0] == self.token and hit[1] == t.data_ptr():
+            return hit[2]
+        fp = self._compute(t)
+        if fp is not None:
+            d[CACHE_ATTR] = (self.token, t.data_ptr(), fp)
+        return fp
+
+    @staticmethod
+    def forget(t: torch.Tensor) -> None:
+        t.__dict__.pop(CACHE_ATTR, None)
+
+    def whole(self, t: torch.Tensor, approx: str) -> Footprint | None:
+        """The whole view, marked as covering more than the access touches."""
+        fp = self.of(t)
+        return None if fp is None else Footprint(fp.storage, fp.ranges, fp.host, approx, fp.born)
+
+    def _compute(self, t: torch.Tensor) -> Footprint | None:
         n = t.numel()
         if n == 0:
             return None

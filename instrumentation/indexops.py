@@ -101,8 +101,5 @@ def index_footprint(maker: FootprintMaker, name: str, self_t: torch.Tensor, args
             raise ValueError("too large")
         pos = touched_positions(name, self_t, args)
     except (RuntimeError, IndexError, TypeError, ValueError):
-        fp = maker.of(self_t)
-        if fp is not None:
-            fp.approx = "index values could not be resolved; whole tensor used"
-        return fp
+        return maker.whole(self_t, "index values could not be resolved; whole tensor used")
     return maker.of_positions(self_t, pos)

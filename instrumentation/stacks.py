@@ -54,7 +54,7 @@ def _is_internal(filename: str) -> bool:
 
 
 def capture(limit: int = 6, skip: int = 2) -> tuple:
-    """Innermost-first user frames as (filename, lineno, function) tuples."""
+    """Innermost-first user frames as raw (code, bytecode offset) pairs."""
     try:
         f = sys._getframe(skip)
     except ValueError:
@@ -68,7 +68,7 @@ def capture(limit: int = 6, skip: int = 2) -> tuple:
         if inside is None:
             inside = internal[fn] = _is_internal(fn)
         if not inside:
-            out.append((fn, f.f_lineno, code.co_name))
+            out.append((code, f.f_lasti))  # line resolved lazily: racecheck.trace.frame_info
             if len(out) >= limit:
                 break
         f = f.f_back

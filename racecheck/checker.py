@@ -62,7 +62,7 @@ from .clocks import join
 from .findings import Access, ContextEvent, Finding, FindingSet
 from .shadow import (StorageShadow, iv_add, iv_intersect, iv_normalize, iv_subtract,
                      iv_union)
-from .trace import (Alloc, Copy, EventRecord, Free, GraphCapture, GraphReplay, HostAccess,
+from .trace import (frame_info, Alloc, Copy, EventRecord, Free, GraphCapture, GraphReplay, HostAccess,
                     HostSync, Kernel, NameTensor, NameTimeline, RecordStream, StreamWaitEvent,
                     StreamWaitStream)
 
@@ -126,6 +126,7 @@ def _basename(path) -> str:
 def _fmt_stack(stack):
     """(location, function, frames) from a tuple of (filename, lineno, function) frames."""
     frames = []
+    stack = tuple(frame_info(fr) if len(fr) == 2 else fr for fr in stack)
     for fr in stack[:MAX_STACK]:
         try:
             fn, line, func = fr[0], fr[1], fr[2]

@@ -13,7 +13,36 @@ import json
 from typing import IO, Iterable, Iterator
 
 Ranges = tuple  # tuple[tuple[int, int], ...]: sorted, disjoint, half-open byte intervals
-Frame = tuple  # (filename, lineno, function)
+Frame = tuple  # (filename, lineno, function), or a raw (code object, bytecode offset) pair
+
+_line_cache: dict = {}
+
+
+def frame_info(fr) -> tuple:
+    """(filename, lineno, function) of a stack entry.
+
+    Instrumentation records raw (code, offset) pairs on the per-op path, because computing a
+    line number costs more than the rest of the walk; the line is looked up only when a
+    finding or a saved trace needs it.
+    """
+    if len(fr) == 3:
+        return fr
+    code, lasti = fr
+    key = (id(code), lasti)
+    hit = _line_cache.get(key)
+    if hit is None or hit[0] is not code:
+        line = code.co_firstlineno
+        for start, end, ln in code.co_lines():
+            if start <= lasti < end:
+                if ln is not None:
+                    line = ln
+                break
+        hit = _line_cache[key] = (code, (code.co_filename, line, code.co_name))
+    return hit[1]
+
+
+def stack_json(stack) -> list:
+    return [list(frame_info(fr)) for fr in stack]
 
 
 class Footprint:
@@ -83,7 +112,7 @@ class Event:
                 v = [op.to_json() for op in v]
             d[f] = v
         if self.stack:
-            d["stack"] = [list(fr) for fr in self.stack]
+            d["stack"] = stack_json(self.stack)
         return d
 
     def __repr__(self):
@@ -214,7 +243,7 @@ class CapturedOp:
     def to_json(self) -> dict:
         return {"reads": [f.to_json() for f in self.reads],
                 "writes": [f.to_json() for f in self.writes], "op": self.op,
-                "stack": [list(fr) for fr in self.stack]}
+                "stack": stack_json(self.stack)}
 
     @classmethod
     def from_json(cls, d) -> "CapturedOp":

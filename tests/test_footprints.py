@@ -133,3 +133,30 @@ def test_inplace_index_ops_write_only_rows(op):
         buf[1].sum()
     assert clean == []
     assert [(f.rule, f.tensor) for f in rc.findings] == [("RC001", "buf")]
+
+
+def test_inplace_metadata_ops_are_not_writes_and_refresh_the_footprint():
+    with racecheck.session() as rc:
+        dm = rc.device_module
+        s = dm.Stream()
+        m = racecheck.name(torch.zeros(4, 4), "m")
+        col = m[:, 0]
+        dm.synchronize()
+        col.sum()                      # footprint of column 0 cached on `col`
+        with dm.stream(s):
+            col.unsqueeze_(0)          # metadata only
+            m[:, 1].fill_(1)           # column 1 on s
+        col.sum()                      # still column 0: no race
+        assert rc.findings == []
+        col.as_strided_((4,), (4,), 1)  # now column 1
+        col.sum()
+    assert [(f.rule, f.tensor) for f in rc.findings] == [("RC001", "m")]
+
+
+def test_footprints_from_an_earlier_session_are_not_reused():
+    x = torch.zeros(8)
+    with racecheck.session() as rc1:
+        a = rc1.footprints.of(x)
+    with racecheck.session() as rc2:
+        b = rc2.footprints.of(x)
+    assert a is not b
