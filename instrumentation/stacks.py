@@ -30,6 +30,8 @@ _OWN_DIRS = tuple(d for d in (os.path.dirname(os.path.abspath(__file__)) + os.se
                               _package_dir("racecheck")) if d)
 _USER_DIRS = tuple(d for d in (_package_dir("racecheck.scenarios"),) if d)
 _STDLIB_PLUMBING = ("contextlib.py", "threading.py", "functools.py", "runpy.py", "weakref.py")
+# Test runners' own frames are never the user's code.
+_RUNNER_DIRS = tuple(d for d in (_package_dir("_pytest"), _package_dir("pluggy")) if d)
 _internal: dict = {}
 
 _extra_internal: list = []
@@ -47,6 +49,9 @@ def _is_internal(filename: str) -> bool:
     for d in _OWN_DIRS:
         if filename.startswith(d):
             return not any(filename.startswith(u) for u in _USER_DIRS)
+    for d in _RUNNER_DIRS:
+        if filename.startswith(d):
+            return True
     for d in _extra_internal:
         if filename.startswith(d):
             return True

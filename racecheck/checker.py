@@ -178,6 +178,8 @@ class Checker:
         self._name_order = 0
         self._records: dict = {}       # event -> (tid, snapshot, seq, stack)
         self._allocs: dict = {}        # block -> (stream tid, host)
+        self._unsited: list = []       # blocks allocated since the last op (their creator is next)
+        self._sites: dict = {}         # block -> (op, "file.py:line") of the first op touching it
         self._recstreams: dict = {}    # block -> set of stream tids (membership only)
         self._graphs: dict = {}        # graph -> _Graph
         self._readers: dict = {}       # storage -> [(graph, _GraphInput)] shared with shadows
@@ -212,6 +214,17 @@ class Checker:
         h(event, seq)
         if self._pend:
             self._flush()
+        if self._unsited:
+            self._assign_sites(event)
+
+    def _assign_sites(self, event) -> None:
+        """Unnamed storages are described by the first op that touched them (stable across runs)."""
+        if isinstance(event, (Kernel, Copy, HostAccess)):
+            loc = _fmt_stack(event.stack)[0] if event.stack else ""
+            site = (getattr(event, "op", "op"), loc)
+            for b in self._unsited:
+                self._sites[b] = site
+            self._unsited.clear()
 
     def process_all(self, events) -> "Checker":
         hget = self._handlers.get
@@ -225,6 +238,8 @@ class Checker:
                     h(ev, seq)
                     if self._pend:
                         self._flush()
+                    if self._unsited:
+                        self._assign_sites(ev)
                 seq += 1
         finally:
             # handlers take seq as an argument; the counter is only stored once
@@ -518,6 +533,7 @@ class Checker:
         self._host(ev.thread)
         s = self._stream(ev.stream) if ev.stream is not None else None
         self._allocs[ev.block] = (s.tid if s is not None else None, bool(ev.host))
+        self._unsited.append(ev.block)
         self._shadow.pop(ev.block, None)
         self._recstreams.pop(ev.block, None)
 
@@ -535,6 +551,7 @@ class Checker:
         if sh is not None and info is not None and not info[1] and info[0] is not None:
             self._check_rc005(ev, seq, h, blk, info[0], sh, rs)
         self._names.pop(blk, None)
+        self._sites.pop(blk, None)
         for _g, inp in self._readers.get(blk, ()):
             inp.ever = []
             inp.fresh = []
@@ -750,7 +767,12 @@ class Checker:
         nm = self._name_for(storage, lo, hi)
         byte_text = ", ".join(_span_text(a, b - 1) for a, b in ranges)
         if nm is None:
-            tensor = f"unnamed tensor (storage #{storage}, bytes {lo}..{hi - 1})"
+            site = self._sites.get(storage)
+            if site is not None:
+                op, loc = site
+                tensor = f"unnamed tensor (first used by {op}{' at ' + loc if loc else ''}; bytes {lo}..{hi - 1})"
+            else:
+                tensor = f"unnamed tensor (bytes {lo}..{hi - 1})"
             return tensor, f"bytes {byte_text} of storage #{storage}", None
         unit = "rows" if nm[3] else "elements"
         where = f"{unit} {self._units(ranges, nm, storage)} of `{nm[2]}` (bytes {byte_text} of storage #{storage})"

@@ -41,8 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from rich.console import Console
-    err = Console(stderr=True, highlight=False)
+    def err_line(text: str) -> None:
+        sys.stderr.write(" ".join(text.split("\n")) + "\n")  # one line, never wrapped
+
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         parser = build_parser()
@@ -52,20 +53,20 @@ def main(argv=None) -> int:
             return EXIT_USAGE
         return int(args._module.main(args) or 0)
     except UsageError as exc:
-        err.print(f"racecheck: error: {exc}", markup=False)
+        err_line(f"racecheck: error: {exc}")
         return EXIT_USAGE
     except SystemExit as exc:  # --help
         return int(exc.code or 0)
     except KeyboardInterrupt:
-        err.print("racecheck: interrupted", markup=False)
+        err_line("racecheck: interrupted")
         return 130
     except InternalError as exc:
-        err.print(f"racecheck: internal error: {exc}", markup=False)
+        err_line(f"racecheck: internal error: {exc}")
         return EXIT_INTERNAL
     except Exception as exc:  # a bug in racecheck: never report it as a finding or a usage error
         import traceback
         traceback.print_exc()
-        err.print(f"racecheck: internal error: {type(exc).__name__}: {exc}", markup=False)
+        err_line(f"racecheck: internal error: {type(exc).__name__}: {exc}")
         return EXIT_INTERNAL
 
 

@@ -1,0 +1,188 @@
+"""SARIF 2.1.0 for GitHub code scanning.
+
+GitHub ignores `result.suppressions`, so suppressed and baselined findings are left out of the
+upload by the caller (the gate filters first); `to_sarif(..., suppressed=...)` can still emit them,
+marked, for a full archival log.
+"""
+from __future__ import annotations
+
+import json
+
+from racecheck.findings import RULES, Access, Finding
+
+from ._common import RULE_HELP, relative_uri, rule_name, rule_title, split_frame, split_location
+from .json_report import tool_info
+
+SCHEMA_URI = "https://json.schemastore.org/sarif-2.1.0.json"
+FINGERPRINT_KEY = "racecheck/v1"
+MAX_FLOW_FRAMES = 20
+
+
+def rule_descriptor(rule: str) -> dict:
+    title = rule_title(rule)
+    full = {
+        "RC001": "A read on one stream of memory written on another stream, with no happens-before edge "
+                 "(event record/wait, wait_stream or host synchronization) between the write and the read.",
+        "RC002": "A write on one stream of memory read on another stream, with no happens-before edge between "
+                 "the read and the write: the read may see the new value.",
+        "RC003": "Two writes to the same memory on different streams with no happens-before edge: the final "
+                 "value depends on timing.",
+        "RC004": "Host code and a device operation touch the same host (pinned) memory unordered, e.g. a "
+                 "non-blocking D2H result read before the copy completed or an H2D source reused too early.",
+        "RC005": "The caching allocator reuses memory freed on one stream while another stream's access to it "
+                 "is still unordered (missing record_stream or keep-alive).",
+        "RC006": "A CUDA-graph replay reads elements of a per-replay input buffer (e.g. padding rows) that were "
+                 "not rewritten since the previous replay, so it sees stale values.",
+        "RC007": "A graph output is read after a later replay of the same graph overwrote it.",
+        "RC008": "A stream waits on an event that was never recorded; the wait is a no-op, yet later accesses "
+                 "relied on the ordering it was meant to provide.",
+        "DIFF": "The overlapped (streams, graphs, delays) pipeline produced outputs different from a serialized "
+                "eager run of the same inputs.",
+    }.get(rule, title)
+    help_text = RULE_HELP.get(rule, "See the finding's suggestion.")
+    return {
+        "id": rule,
+        "name": rule_name(rule),
+        "shortDescription": {"text": title[:1024]},
+        "fullDescription": {"text": full[:1024]},
+        "help": {"text": help_text, "markdown": f"**{rule} {rule_name(rule)}**: {full}\n\n**Fix:** {help_text}"},
+        "defaultConfiguration": {"level": "error"},
+        "properties": {
+            "tags": ["concurrency", "gpu", "race"] if rule != "DIFF" else ["concurrency", "gpu", "differential"],
+            "precision": "high" if rule != "DIFF" else "medium",
+            "problem.severity": "error",
+        },
+    }
+
+
+def _physical(loc: str, root, line_fallback=None):
+    file, line, col = split_location(loc)
+    if not file:
+        return None
+    region = {"startLine": line or line_fallback or 1}
+    if col:
+        region["startColumn"] = col
+    return {"artifactLocation": {"uri": relative_uri(file, root)}, "region": region}
+
+
+def _location(a: Access, root, message: str | None = None, id_: int | None = None):
+    phys = _physical(a.location, root)
+    if phys is None:
+        frames = [fr for fr in a.stack if split_frame(fr)[1]]
+        if frames:
+            file, line, _ = split_frame(frames[0])
+            phys = _physical(f"{file}:{line}", root)
+    if phys is None:
+        return None
+    loc = {"physicalLocation": phys}
+    if a.function:
+        loc["logicalLocations"] = [{"name": a.function, "kind": "function"}]
+    if message:
+        loc["message"] = {"text": message}
+    if id_ is not None:
+        loc["id"] = id_
+    return loc
+
+
+def _thread_flow(a: Access, root) -> dict | None:
+    """One stream's call stack, outermost first, as SARIF shows code flows."""
+    frames = list(a.stack)[:MAX_FLOW_FRAMES] or ([a.location] if a.location else [])
+    locs = []
+    for depth, fr in enumerate(reversed(frames)):
+        file, line, fn = split_frame(fr)
+        if not line:
+            continue
+        loc = {"physicalLocation": _physical(f"{file}:{line}", root)}
+        if fn:
+            loc["message"] = {"text": fn}
+        locs.append({"location": loc, "nestingLevel": depth})
+    if not locs:
+        return None
+    locs[-1]["location"]["message"] = {"text": f"{a.kind} by {a.op} on {a.stream}"}
+    return {"id": a.stream, "message": {"text": f"stream {a.stream}"}, "locations": locs}
+
+
+def result(f: Finding, rule_index: dict, root=None, meta: dict | None = None, state: str | None = None) -> dict:
+    meta = meta or {}
+    cur, prev = f.current, f.previous
+    pair = f"between {cur.stream} and {prev.stream}" if cur.stream != prev.stream else f"on {cur.stream}"
+    text = (f"{f.rule} {rule_name(f.rule)} race on `{f.tensor}` {pair}. "
+            f"The {cur.kind} by {cur.op} on {cur.stream} is unordered with the {prev.kind} by {prev.op} "
+            f"on {prev.stream}{' at ' + prev.location if prev.location else ''}. Fix: {f.suggestion}")
+    res = {
+        "ruleId": f.rule,
+        "ruleIndex": rule_index[f.rule],
+        "level": "error",
+        "message": {"text": text},
+        "partialFingerprints": {FINGERPRINT_KEY: f.fingerprint()},
+        "properties": {
+            "tensor": f.tensor,
+            "streams": list(f.streams),
+            "suggestion": f.suggestion,
+            "signature": list(f.signature),
+        },
+    }
+    primary = _location(cur, root, f"{cur.kind} by {cur.op} on {cur.stream}")
+    related = _location(prev, root, f"previous {prev.kind} by {prev.op} on {prev.stream}", id_=1)
+    if primary is None:  # the current side has no source: anchor the alert at the previous one
+        primary, related = related, None
+        if primary is not None:
+            primary.pop("id", None)
+    if primary is not None:
+        res["locations"] = [primary]
+    if related is not None:
+        res["relatedLocations"] = [related]
+    flows = [t for t in (_thread_flow(cur, root), _thread_flow(prev, root)) if t]
+    if flows:
+        res["codeFlows"] = [{"message": {"text": f"the racing pair on `{f.tensor}`"}, "threadFlows": flows}]
+    for key in ("detail", "approx"):
+        if getattr(f, key):
+            res["properties"][key] = getattr(f, key)
+    if f.missing_edge:
+        res["properties"]["missingEdge"] = list(f.missing_edge)
+    for key in ("scenario", "variant", "device", "seed", "repro"):
+        if meta.get(key) not in (None, ""):
+            res["properties"][key] = meta[key]
+    if state == "suppressed":
+        res["suppressions"] = [{"kind": "external", "status": "accepted"}]
+    elif state == "baselined":
+        res["baselineState"] = "unchanged"
+    return res
+
+
+def to_sarif(findings, meta: dict | None = None, *, suppressed=(), baselined=(), root=None) -> dict:
+    """A SARIF log with one run; `suppressed`/`baselined` are only for a full (non-upload) log."""
+    meta = dict(meta or {})
+    root = root or meta.get("root")
+    rules = list(RULES)
+    extra = sorted({f.rule for f in [*findings, *suppressed, *baselined]} - set(rules))
+    rules += extra
+    rule_index = {r: i for i, r in enumerate(rules)}
+    info = tool_info()
+    results = [result(f, rule_index, root, meta) for f in findings]
+    results += [result(f, rule_index, root, meta, "suppressed") for f in suppressed]
+    results += [result(f, rule_index, root, meta, "baselined") for f in baselined]
+    run = {
+        "tool": {"driver": {
+            "name": "racecheck",
+            "semanticVersion": info["version"],
+            "version": info["version"],
+            "rules": [rule_descriptor(r) for r in rules],
+        }},
+        "results": results,
+        "columnKind": "unicodeCodePoints",
+    }
+    notes = [{"level": "warning", "message": {"text": f"stale suppression (matched nothing): {s}"}}
+             for s in meta.get("stale_suppressions", ())]
+    run["invocations"] = [{"executionSuccessful": True, **({"toolExecutionNotifications": notes} if notes else {})}]
+    category = meta.get("category")
+    if category:
+        run["automationDetails"] = {"id": f"{category}/"}
+    props = {k: meta[k] for k in ("scenario", "variant", "device", "seed") if meta.get(k) not in (None, "")}
+    if props:
+        run["properties"] = props
+    return {"$schema": SCHEMA_URI, "version": "2.1.0", "runs": [run]}
+
+
+def render(findings, meta: dict | None = None) -> str:
+    return json.dumps(to_sarif(list(findings), meta), indent=2) + "\n"
