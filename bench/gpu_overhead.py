@@ -1,0 +1,186 @@
+"""GPU overhead, side by side in one run: plain, do-nothing dispatch mode, CSAN, racecheck `cuda`.
+
+Each configuration runs in its own worker process (CSAN's trace callbacks cannot be removed once
+registered, so sharing a process would tax the configurations measured after it); rounds are
+interleaved so clock and thermal drift hit every configuration alike.
+
+Workloads:
+  eager   a decode-like step: small matmuls on the main stream, metadata prepared on a plan
+          stream and joined with an event, one host sync (`.item()`) per iteration
+  graph   the same step captured once in a CUDA graph and replayed each iteration
+  eagle   the EAGLE v2 scenario, all fixes on, a few iterations (racecheck vs its own plain run)
+
+    python bench/gpu_overhead.py [--quick] [--json OUT.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+CONFIGS = ("plain", "noop-mode", "csan", "racecheck")
+WORKLOADS = ("eager", "graph")
+
+
+def _decode_step_factory(torch, dm, hidden=512, batch=8):
+    w1 = torch.randn(hidden, hidden, device="cuda") / hidden ** 0.5
+    w2 = torch.randn(hidden, hidden, device="cuda") / hidden ** 0.5
+    x = torch.randn(batch, hidden, device="cuda")
+    positions = torch.zeros(batch, dtype=torch.int64, device="cuda")
+    plan_buf = torch.zeros(batch, dtype=torch.int64, device="cuda")
+    out = torch.zeros(batch, hidden, device="cuda")
+    plan_stream = dm.Stream()
+    ready = dm.Event()
+
+    def step():
+        with dm.stream(plan_stream):
+            plan_buf.copy_(positions + 1)
+        ready.record(plan_stream)
+        h = torch.relu(x @ w1)
+        h = h @ w2
+        dm.current_stream().wait_event(ready)
+        positions.copy_(plan_buf)
+        out.copy_(h + positions.unsqueeze(1).to(h.dtype))
+        plan_stream.wait_stream(dm.current_stream())
+        return out[0, 0].item()
+
+    def graph_step_factory():
+        static = {}
+        g = dm.CUDAGraph()
+        s = dm.Stream()
+        s.wait_stream(dm.current_stream())
+        with dm.stream(s):
+            for _ in range(2):
+                h = torch.relu(x @ w1) @ w2
+                out.copy_(h + positions.unsqueeze(1).to(h.dtype))
+        dm.current_stream().wait_stream(s)
+        with dm.graph(g):
+            h = torch.relu(x @ w1) @ w2
+            out.copy_(h + positions.unsqueeze(1).to(h.dtype))
+        static["g"] = g
+
+        def gstep():
+            positions.add_(1)
+            static["g"].replay()
+            return out[0, 0].item()
+        return gstep
+
+    return step, graph_step_factory
+
+
+def worker(config: str, workload: str, iters: int) -> dict:
+    import contextlib
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class NoopMode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    ctx = contextlib.nullcontext()
+    if config == "noop-mode":
+        ctx = NoopMode()
+    elif config == "csan":
+        import torch.cuda._sanitizer as csan
+        csan.enable_cuda_sanitizer()
+    elif config == "racecheck":
+        import racecheck
+        ctx = racecheck.session(device="cuda")
+    dm = torch.cuda
+    with ctx:
+        step, graph_factory = _decode_step_factory(torch, dm)
+        fn = step if workload == "eager" else graph_factory()
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+        dt = (time.perf_counter() - t) / iters
+    findings = len(ctx.findings) if config == "racecheck" else None
+    return {"config": config, "workload": workload, "ms_per_iter": dt * 1e3, "findings": findings}
+
+
+def eagle_worker(config: str, iters: int) -> dict:
+    from racecheck import scenarios
+    sc = scenarios.get("eagle-v2")
+    cfg = sc.config(overrides={"iterations": iters})
+    t = time.perf_counter()
+    if config == "racecheck":
+        res = scenarios.run(sc, cfg, device="cuda")
+        n = len(res.findings)
+    else:
+        res = scenarios.run_plain(sc, cfg, device="cuda")
+        n = None
+    return {"config": config, "workload": "eagle", "ms_per_iter": (time.perf_counter() - t) / iters * 1e3,
+            "findings": n}
+
+
+def run_worker(config, workload, iters) -> dict | None:
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", config, "--workload", workload,
+           "--iters", str(iters)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        sys.stderr.write(f"[{config}/{workload}] failed:\n{p.stderr[-2000:]}\n")
+        return None
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--json")
+    p.add_argument("--rounds", type=int, default=None)
+    p.add_argument("--worker")
+    p.add_argument("--workload", default="eager")
+    p.add_argument("--iters", type=int, default=200)
+    args = p.parse_args(argv)
+    if args.worker:
+        if args.workload == "eagle":
+            print(json.dumps(eagle_worker(args.worker, args.iters)))
+        else:
+            print(json.dumps(worker(args.worker, args.workload, args.iters)))
+        return 0
+    import torch
+    if not torch.cuda.is_available():
+        print("no GPU: nothing to measure")
+        return 0
+    rounds = args.rounds or (1 if args.quick else 3)
+    iters = 50 if args.quick else 300
+    samples: dict = {}
+    for _ in range(rounds):
+        for workload in WORKLOADS:
+            for config in CONFIGS:
+                r = run_worker(config, workload, iters)
+                if r:
+                    samples.setdefault((workload, config), []).append(r)
+        for config in ("plain", "racecheck"):
+            r = run_worker(config, "eagle", 10 if args.quick else 20)
+            if r:
+                samples.setdefault(("eagle", config), []).append(r)
+    rows = []
+    for (workload, config), rs in samples.items():
+        med = statistics.median(r["ms_per_iter"] for r in rs)
+        rows.append({"workload": workload, "config": config, "ms_per_iter": med,
+                     "findings": rs[-1]["findings"]})
+    plain = {r["workload"]: r["ms_per_iter"] for r in rows if r["config"] == "plain"}
+    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  rounds {rounds}")
+    print(f"{'workload':10s} {'config':12s} {'ms/iter':>10s} {'x plain':>8s} findings")
+    for r in sorted(rows, key=lambda r: (r["workload"], CONFIGS.index(r["config"]) if r["config"] in CONFIGS else 9)):
+        ratio = r["ms_per_iter"] / plain[r["workload"]] if r["workload"] in plain else float("nan")
+        r["x_plain"] = ratio
+        print(f"{r['workload']:10s} {r['config']:12s} {r['ms_per_iter']:10.3f} {ratio:8.2f} {r['findings']}")
+    if args.json:
+        with open(args.json, "w") as fp:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, fp, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

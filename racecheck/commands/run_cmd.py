@@ -1,0 +1,93 @@
+"""`racecheck run SCENARIO [--variant V] [--set KNOB=VALUE ...] [--device D] [--seed N]`.
+
+Runs the scenario once under the detector and compares its outputs with a serialized run of the
+same inputs. Exit 0 clean, 1 findings or a differential mismatch, 2 usage error, 3 internal error.
+"""
+from __future__ import annotations
+
+import shlex
+
+
+def add_arguments(p) -> None:
+    p.add_argument("scenario", help="scenario name (see `racecheck list`)")
+    p.add_argument("--variant", default=None, metavar="V", help="a fix-off variant, e.g. no-mrope_recompute")
+    p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE", dest="sets",
+                   help="override a knob (repeatable), e.g. --set plan_stream=on")
+    p.add_argument("--device", default="sim", choices=["sim", "cuda", "npu"], help="backend (default: sim)")
+    p.add_argument("--seed", default=0, type=_seed, help="request contents seed (default: 0)")
+    try:
+        from racecheck.gate import add_gate_arguments
+        add_gate_arguments(p)
+    except ImportError:
+        p.add_argument("--report", action="append", default=[], metavar="FORMAT=FILE")
+
+
+def _seed(text: str) -> int:
+    from racecheck.errors import UsageError
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise UsageError(f"--seed {text!r}: expected an integer") from None
+
+
+def repro_line(name: str, variant, sets: dict, device: str, seed: int) -> str:
+    parts = ["racecheck", "run", name]
+    if variant:
+        parts += ["--variant", variant]
+    for key, value in sets.items():
+        parts += ["--set", f"{key}={value}"]
+    if device != "sim":
+        parts += ["--device", device]
+    if seed:
+        parts += ["--seed", str(seed)]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def main(args) -> int:
+    from rich.console import Console
+
+    from racecheck import scenarios
+    from racecheck.errors import InternalError
+
+    sc = scenarios.get(args.scenario)
+    if args.variant:
+        sc.variant(args.variant)
+    sets = scenarios.parse_sets(args.sets)
+    cfg = sc.config(variant=args.variant, overrides=sets)
+    if getattr(args, "report", None):
+        try:
+            from racecheck.reports import parse_report_specs
+            parse_report_specs(args.report)
+        except ImportError:
+            pass
+
+    console = Console(highlight=False)
+    changed = {k: v for k, v in cfg.items() if v != sc.config()[k]}
+    label = f"{sc.name}" + (f" [{args.variant}]" if args.variant else "")
+    console.print(f"racecheck run {label} on {args.device}, seed {args.seed}"
+                  + (": " + ", ".join(f"{k}={sc.knobs[k].format(v)}" for k, v in changed.items())
+                     if changed else ""), markup=False)
+
+    res = scenarios.run(sc, cfg, device=args.device, seed=args.seed)
+    if res.internal_errors:
+        raise InternalError(res.internal_errors[0].splitlines()[0])
+
+    repro = repro_line(sc.name, args.variant, sets, args.device, args.seed)
+    meta = {"scenario": sc.name, "variant": args.variant or "", "device": args.device, "seed": args.seed,
+            "config": cfg, "repro": repro, "time": res.seconds}
+    try:
+        from racecheck.gate import finish
+        code = finish(res.findings, args, meta, console=console)
+    except ImportError:
+        for f in res.findings:
+            console.print(f.message(), markup=False)
+            console.print(f"  fix: {f.suggestion}", markup=False)
+        code = 1 if res.findings else 0
+    if res.diff_ok:
+        console.print(f"differential: outputs equal the serialized run ({res.seconds:.2f}s)", markup=False)
+    else:
+        console.print(f"differential: MISMATCH: {res.diff_detail}", style="bold red", markup=False)
+        code = max(code, 1)
+    if code:
+        console.print(f"repro: {repro}", markup=False)
+    return code

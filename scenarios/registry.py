@@ -1,0 +1,379 @@
+"""Scenario registry: knobs, fix switches, variants, and one run with both oracles.
+
+Everything here is JSON-friendly (plain dicts, lists, strings, ints, bools) so the CLI, the fuzzer
+and repro records can pass configurations around as text.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from racecheck.errors import UsageError
+from racecheck.findings import Access, Finding
+
+_BOOL_TRUE = {"on", "true", "yes", "1"}
+_BOOL_FALSE = {"off", "false", "no", "0"}
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One setting of a scenario. `type` is "bool", "int", "choice", "int-list" or "str"."""
+
+    name: str
+    default: Any
+    type: str
+    help: str
+    choices: tuple = ()
+    validator: Callable | None = None   # value -> normalized value; raises ValueError with a reason
+    minimum: int | None = None
+    maximum: int | None = None
+
+    def parse(self, value):
+        """A concrete, validated value from a CLI string or a Python value."""
+        try:
+            v = self._convert(value)
+            if self.validator is not None:
+                v = self.validator(v)
+        except (TypeError, ValueError) as exc:
+            raise UsageError(f"bad value {value!r} for knob '{self.name}': {exc}") from None
+        return v
+
+    def _convert(self, value):
+        t = self.type
+        if t == "bool":
+            if isinstance(value, bool):
+                return value
+            s = str(value).strip().lower()
+            if s in _BOOL_TRUE:
+                return True
+            if s in _BOOL_FALSE:
+                return False
+            raise ValueError("expected on or off")
+        if t == "int":
+            if isinstance(value, bool):
+                raise ValueError("expected an integer")
+            v = int(str(value).strip(), 0) if isinstance(value, str) else int(value)
+            if self.minimum is not None and v < self.minimum:
+                raise ValueError(f"must be >= {self.minimum}")
+            if self.maximum is not None and v > self.maximum:
+                raise ValueError(f"must be <= {self.maximum}")
+            return v
+        if t == "choice":
+            s = str(value).strip().lower()
+            if s not in self.choices:
+                raise ValueError(f"choose from {', '.join(self.choices)}")
+            return s
+        if t == "int-list":
+            if isinstance(value, str):
+                parts = [p for p in value.replace(" ", "").split(",") if p]
+                vals = [int(p) for p in parts]
+            else:
+                vals = [int(v) for v in value]
+            if not vals:
+                raise ValueError("expected a comma-separated list of integers")
+            return vals
+        return value if not isinstance(value, str) else value.strip()
+
+    def describe_type(self) -> str:
+        if self.type == "choice":
+            return "|".join(self.choices)
+        if self.type == "bool":
+            return "on|off"
+        if self.type == "int":
+            lo = "" if self.minimum is None else str(self.minimum)
+            hi = "" if self.maximum is None else str(self.maximum)
+            return f"int {lo}..{hi}" if (lo or hi) else "int"
+        return self.type
+
+    def format(self, value) -> str:
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        if isinstance(value, (list, tuple)):
+            return ",".join(str(v) for v in value)
+        return str(value)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "default": self.default, "type": self.type, "help": self.help,
+                "choices": list(self.choices), "minimum": self.minimum, "maximum": self.maximum}
+
+
+@dataclass(frozen=True)
+class Switch:
+    """An upstream fix the scenario models; on by default, a variant turns it off."""
+
+    name: str
+    upstream: str
+    tensor: str
+    rule: str
+    help: str
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "upstream": self.upstream, "tensor": self.tensor, "rule": self.rule,
+                "help": self.help}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """The pipeline with one fix switch off, under the knob settings where the engine has that bug.
+
+    `expected` lists (rule, tensor) pairs that must be among the findings; `also` lists pairs that
+    may additionally appear (secondary symptoms of the same missing edge).
+    """
+
+    name: str
+    overrides: dict
+    expected: list
+    description: str
+    also: list = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "overrides": dict(self.overrides),
+                "expected": [list(p) for p in self.expected], "also": [list(p) for p in self.also],
+                "description": self.description}
+
+
+@dataclass
+class RunResult:
+    """One scenario run: detector findings plus the differential verdict."""
+
+    scenario: str
+    config: dict
+    device: str
+    seed: int
+    findings: list
+    outputs: dict
+    reference_outputs: dict
+    diff_ok: bool
+    diff_detail: str
+    internal_errors: list = field(default_factory=list)
+    seconds: float = 0.0
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings and self.diff_ok
+
+    @property
+    def race_findings(self) -> list:
+        return [f for f in self.findings if f.rule != "DIFF"]
+
+    def signature(self) -> set:
+        return {(f.rule, f.tensor) for f in self.findings}
+
+    def to_json(self) -> dict:
+        return {"scenario": self.scenario, "config": self.config, "device": self.device,
+                "seed": self.seed, "findings": [f.to_json() for f in self.findings],
+                "outputs": self.outputs, "reference_outputs": self.reference_outputs,
+                "diff_ok": self.diff_ok, "diff_detail": self.diff_detail,
+                "internal_errors": list(self.internal_errors), "seconds": self.seconds,
+                "stats": dict(self.stats)}
+
+
+class Scenario:
+    """A named pipeline model: knobs (incl. one per fix switch), variants and a run function.
+
+    `runner(cfg, ctx)` runs the pipeline once on `ctx` (device module, device string, session or
+    None) and returns its outputs as a JSON-friendly dict of {field: {request: value}}.
+    `resolve(cfg)` fills in knob values that depend on others ("auto") and checks combinations.
+    `reference(cfg)` is the serialized configuration the differential oracle compares against.
+    `diff_fields` (a dict, or a function returning one on first use) says, per output field, which
+    engine function produces and consumes it, for DIFF findings.
+    """
+
+    def __init__(self, name: str, description: str, knobs: list, switches: list, variants: list,
+                 runner: Callable, resolve: Callable, reference: Callable, diff_fields):
+        self.name = name
+        self.description = description
+        self.knobs = {k.name: k for k in knobs}
+        self.switch_info = {s.name: s for s in switches}
+        self.switches = [s.name for s in switches]
+        self.variants = {v.name: v for v in variants}
+        self._runner = runner
+        self._resolve = resolve
+        self._reference = reference
+        self._diff_fields = diff_fields
+
+    @property
+    def diff_fields(self) -> dict:
+        if callable(self._diff_fields):
+            self._diff_fields = self._diff_fields()
+        return self._diff_fields
+
+    def __repr__(self):
+        return f"<scenario {self.name}>"
+
+    def defaults(self) -> dict:
+        return {k: v.default for k, v in self.knobs.items()}
+
+    def variant(self, name: str) -> Variant:
+        v = self.variants.get(name)
+        if v is None:
+            raise UsageError(f"unknown variant '{name}' of scenario '{self.name}' "
+                             f"(known: {', '.join(self.variants)})")
+        return v
+
+    def config(self, variant: str | None = None, overrides: dict | None = None) -> dict:
+        """Validated concrete knob values: defaults, then the variant's settings, then overrides."""
+        raw = self.defaults()
+        if variant:
+            raw.update(self.variant(variant).overrides)
+        for key, value in (overrides or {}).items():
+            if key not in self.knobs:
+                raise UsageError(f"unknown knob '{key}' for scenario '{self.name}' "
+                                 f"(known: {', '.join(self.knobs)})")
+            raw[key] = value
+        cfg = {}
+        for key, knob in self.knobs.items():
+            value = raw[key]
+            cfg[key] = value if value == "auto" and _allows_auto(knob) else knob.parse(value)
+        try:
+            return self._resolve(cfg)
+        except ValueError as exc:
+            raise UsageError(f"scenario '{self.name}': {exc}") from None
+
+    def reference_config(self, cfg: dict) -> dict:
+        return self._reference(dict(cfg))
+
+    def run_once(self, cfg: dict, ctx) -> dict:
+        return self._runner(cfg, ctx)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "description": self.description,
+                "knobs": [k.to_json() for k in self.knobs.values()],
+                "switches": [s.to_json() for s in self.switch_info.values()],
+                "variants": [v.to_json() for v in self.variants.values()]}
+
+
+def _allows_auto(knob: Knob) -> bool:
+    return knob.default == "auto"
+
+
+def parse_sets(items) -> dict:
+    """`["plan_stream=on", "topk=2"]` -> {"plan_stream": "on", "topk": "2"} (values stay strings)."""
+    out = {}
+    for item in items or ():
+        key, sep, value = str(item).partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise UsageError(f"--set {item!r}: expected KNOB=VALUE")
+        out[key] = value.strip()
+    return out
+
+
+class RunContext:
+    """What the pipeline runs against: a device module, a device string, and the session if any."""
+
+    def __init__(self, dm, device: str, session=None, pin: bool = True, seed: int = 0):
+        self.dm = dm
+        self.device = device
+        self.session = session
+        self.pin = pin
+        self.seed = seed
+
+    def name_stream(self, stream, name: str) -> None:
+        if self.session is not None:
+            self.session.name_stream(stream, name)
+
+
+_REFERENCE_CACHE: dict = {}
+_REFERENCE_CACHE_SIZE = 64
+
+
+def reference_outputs(sc: Scenario, cfg: dict, seed: int) -> dict:
+    """Outputs of the serialized run (one stream, no graphs, no overlap), outside any session."""
+    ref_cfg = sc.reference_config(cfg)
+    key = (sc.name, json.dumps(ref_cfg, sort_keys=True), seed)
+    hit = _REFERENCE_CACHE.get(key)
+    if hit is not None:
+        return hit
+    from .serial import SerialDeviceModule
+    out = sc.run_once(ref_cfg, RunContext(SerialDeviceModule(), "cpu", None, pin=False, seed=seed))
+    if len(_REFERENCE_CACHE) >= _REFERENCE_CACHE_SIZE:
+        _REFERENCE_CACHE.pop(next(iter(_REFERENCE_CACHE)))
+    _REFERENCE_CACHE[key] = out
+    return out
+
+
+def run(sc: Scenario, cfg: dict, device: str = "sim", seed: int = 0,
+        session_options: dict | None = None) -> RunResult:
+    """Run `cfg` once under racecheck.session(device, **session_options); compare with the reference."""
+    import racecheck
+
+    if device not in ("sim", "cuda", "npu"):
+        raise UsageError(f"unknown device {device!r} (choose from sim, cuda, npu)")
+    cfg = sc.config(overrides=cfg)
+    t0 = time.perf_counter()
+    torch_device = "cpu" if device == "sim" else device
+    with racecheck.session(device=device, **dict(session_options or {})) as rc:
+        ctx = RunContext(rc.device_module, torch_device, rc, pin=True, seed=seed)
+        outputs = sc.run_once(cfg, ctx)
+    findings = list(rc.findings)
+    seconds = time.perf_counter() - t0
+    ref = reference_outputs(sc, cfg, seed)
+    diffs = compare_outputs(outputs, ref)
+    diff_ok = not diffs
+    detail = "outputs equal the serialized run" if diff_ok else "; ".join(d[1] for d in diffs[:6])
+    if len(diffs) > 6:
+        detail += f"; ... {len(diffs) - 6} more"
+    for fieldname, text in _first_per_field(diffs):
+        findings.append(diff_finding(sc, fieldname, text))
+    stats = {"events": rc.checker.events_processed}
+    return RunResult(sc.name, cfg, device, seed, findings, outputs, ref, diff_ok, detail,
+                     list(rc.internal_errors), seconds, stats)
+
+
+def compare_outputs(got: dict, ref: dict) -> list:
+    """[(field, message)] for every request whose field differs from the reference."""
+    diffs = []
+    for fieldname in ref:
+        a, b = got.get(fieldname, {}), ref[fieldname]
+        for rid in sorted(set(a) | set(b), key=_rid_key):
+            va, vb = a.get(rid), b.get(rid)
+            if va != vb:
+                diffs.append((fieldname, f"{fieldname} of request {rid}: {_describe_diff(va, vb)}"))
+    return diffs
+
+
+def _describe_diff(got, ref) -> str:
+    if isinstance(got, list) and isinstance(ref, list):
+        i = next((k for k, (a, b) in enumerate(zip(got, ref)) if a != b), min(len(got), len(ref)))
+        return (f"first difference at index {i}: {_short(got[i:i + 6], 6)} != serialized "
+                f"{_short(ref[i:i + 6], 6)} (lengths {len(got)} and {len(ref)})")
+    return f"{_short(got)} != serialized {_short(ref)}"
+
+
+def _rid_key(rid):
+    try:
+        return (0, int(rid))
+    except (TypeError, ValueError):
+        return (1, str(rid))
+
+
+def _short(v, n: int = 12) -> str:
+    if isinstance(v, list) and len(v) > n:
+        return "[" + ", ".join(map(str, v[:n])) + ", ...]"
+    return str(v)
+
+
+def _first_per_field(diffs):
+    seen = {}
+    for fieldname, text in diffs:
+        seen.setdefault(fieldname, text)
+    return list(seen.items())
+
+
+def diff_finding(sc: Scenario, fieldname: str, text: str) -> Finding:
+    """The differential mismatch as a Finding (rule DIFF) naming the engine tensor or output field."""
+    info = sc.diff_fields.get(fieldname, {})
+    producer = info.get("producer", "forward_batch_generation")
+    consumer = info.get("consumer", "process_batch_result")
+    cur = Access(op=consumer, stream=info.get("stream", "forward_stream"), kind="read",
+                 location=info.get("location", ""), function=consumer)
+    prev = Access(op=f"{producer} (serialized run)", stream="reference", kind="write",
+                  location=info.get("producer_location", ""), function=producer)
+    return Finding(rule="DIFF", tensor=fieldname, current=cur, previous=prev,
+                   suggestion=info.get("suggestion", "find the unordered or lost value feeding "
+                                                     f"`{fieldname}` (run with an adversarial executor)"),
+                   detail=text, missing_edge=())
