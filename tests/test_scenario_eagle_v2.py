@@ -15,19 +15,11 @@ from racecheck import scenarios
 ENGINE_STREAMS = {"schedule_stream", "forward_stream", "plan_stream", "fwd_prepare_d2h_stream", "default",
                   "reference"}
 
-# Findings the checker currently makes that are not races of the pipeline: RC006 on a persistent
-# pool (KV cache, mamba state) that the graph reads through an index op whose captured footprint
-# is the whole tensor. Tests xfail on them instead of hiding them.
-CHECKER_GAP = "graph-captured index op"
 
 
 @pytest.fixture(scope="module")
 def sc():
     return scenarios.get("eagle-v2")
-
-
-def _gap(f) -> bool:
-    return f.rule == "RC006" and CHECKER_GAP in (f.approx or "")
 
 
 def _run(sc, variant=None, seed=0, **overrides):
@@ -38,13 +30,7 @@ def _run(sc, variant=None, seed=0, **overrides):
 
 
 def _signature(res) -> set:
-    return {(f.rule, f.tensor) for f in res.findings if not _gap(f)}
-
-
-def _xfail_on_gap(res) -> None:
-    gaps = sorted({f.tensor for f in res.findings if _gap(f)})
-    if gaps:
-        pytest.xfail(f"checker reports RC006 on persistent pools read through captured index ops: {gaps}")
+    return {(f.rule, f.tensor) for f in res.findings}
 
 
 def _describe(res) -> str:
@@ -88,8 +74,6 @@ def _ids(o) -> str:
 def test_all_fixes_on_is_clean(sc, overrides):
     res = _run(sc, seed=len(overrides), **overrides)
     assert res.diff_ok, res.diff_detail
-    if not _signature(res):
-        _xfail_on_gap(res)
     assert not res.findings, _describe(res)
     assert res.ok
 
@@ -124,7 +108,7 @@ def test_variant_is_flagged_with_its_rule_and_tensor(sc, variant):
 
 def test_mrope_finding_points_at_compute_spec_mrope_positions(sc):
     res = _run(sc, "no-mrope_recompute")
-    [f] = [f for f in res.findings if not _gap(f)]
+    [f] = res.findings
     assert (f.current.stream, f.previous.stream) == ("plan_stream", "forward_stream")
     assert f.current.function == "compute_spec_mrope_positions"
     assert f.previous.function == "build_tree"
@@ -132,7 +116,7 @@ def test_mrope_finding_points_at_compute_spec_mrope_positions(sc):
 
 def test_padding_finding_points_at_the_stale_row(sc):
     res = _run(sc, "no-req_pool_padding_zero")
-    [f] = [f for f in res.findings if f.rule == "RC006" and not _gap(f)]
+    [f] = [f for f in res.findings if f.rule == "RC006"]
     assert f.tensor == "req_pool_indices"
     assert "rows 3" in f.detail and "padded rows 3" in f.suggestion
 
@@ -171,8 +155,6 @@ def test_mm_input_copy_is_a_diff_finding(sc):
 def test_variant_not_flagged_where_the_engine_cannot_have_it(sc, variant, overrides):
     res = _run(sc, variant, **overrides)
     assert res.diff_ok, res.diff_detail
-    if not _signature(res):
-        _xfail_on_gap(res)
     assert not res.findings, _describe(res)
 
 
@@ -188,8 +170,6 @@ def test_findings_name_engine_tensors_streams_and_edges(sc):
     for variant in sc.variants:
         res = _run(sc, variant)
         for f in res.findings:
-            if _gap(f):
-                continue
             assert not f.tensor.startswith("unnamed"), f.message()
             assert set(f.streams) <= ENGINE_STREAMS, f.message()
             if f.rule in ("RC001", "RC002", "RC003"):
