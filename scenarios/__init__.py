@@ -13,10 +13,10 @@ from __future__ import annotations
 from racecheck.errors import UsageError
 
 from .registry import (Knob, RunContext, RunResult, Scenario, Switch, Variant, compare_outputs,
-                       parse_sets, reference_outputs, run)
+                       parse_sets, reference_outputs, run, run_plain)
 
 __all__ = ["names", "get", "register", "run", "Knob", "Switch", "Variant", "Scenario", "RunResult", "RunContext",
-           "parse_sets", "compare_outputs", "reference_outputs"]
+           "parse_sets", "compare_outputs", "reference_outputs", "run_plain"]
 
 _SCENARIOS: dict = {}
 

@@ -324,6 +324,15 @@ def run(sc: Scenario, cfg: dict, device: str = "sim", seed: int = 0,
                      list(rc.internal_errors), seconds, stats)
 
 
+def run_plain(sc: Scenario, cfg: dict, device: str = "cuda", seed: int = 0) -> dict:
+    """The same pipeline with no racecheck at all, on the device's own module (overhead baseline)."""
+    import torch
+
+    cfg = sc.config(overrides=cfg)
+    dm = torch.get_device_module(device)
+    return sc.run_once(cfg, RunContext(dm, device, None, pin=device != "cpu", seed=seed))
+
+
 def compare_outputs(got: dict, ref: dict) -> list:
     """[(field, message)] for every request whose field differs from the reference."""
     diffs = []
