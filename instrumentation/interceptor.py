@@ -19,6 +19,13 @@ from .indexops import index_footprint
 BORN_ATTR = "_racecheck_born"
 
 
+def _blocking_transfer(kwargs, reads, writes) -> bool:
+    """`t.to("cpu")` / `h.to(device)` without non_blocking: the host waits for the copy."""
+    if kwargs.get("non_blocking"):
+        return False
+    return any(f.host for f in reads) or any(f.host for f in writes)
+
+
 class Interceptor(TorchDispatchMode):
     """One per host thread; all of them feed the same session."""
 
@@ -28,6 +35,13 @@ class Interceptor(TorchDispatchMode):
         self.backend = backend
         self.fp = session.footprints.of
         self.maker = session.footprints
+        self._plans: dict = {}
+        # Optional backend hooks (real devices): the stream an op runs on depends on its tensors'
+        # device; index values may live on the device (footprint resolved later); pinned memory
+        # is real there (sim strips the flag: a CPU-only torch cannot pin).
+        self._op_stream = getattr(backend, "op_stream_tid", None)
+        self._index_fp = getattr(backend, "index_footprint", None) or index_footprint
+        self._strip_pin = getattr(backend, "strip_pin_memory", True)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         s = self.session
@@ -48,17 +62,30 @@ class Interceptor(TorchDispatchMode):
 
     def _plan(self, func, args, kwargs):
         oc = classify(func)
+        if oc.has_pin_memory and kwargs.get("pin_memory"):
+            return self._pinned_factory
+        plan = self._plans.get(func)
+        if plan is None:
+            plan = self._plans[func] = self._plan_for(oc)
+        return plan
+
+    def _plan_for(self, oc):
+        if oc.metadata_inplace:
+            return self._metadata_inplace
         if oc.is_view:
             return self._view
         if oc.no_access:
             return self.backend.special_ops.get(oc.name)
-        if kwargs.get("pin_memory"):
-            return self._pinned_factory
         if oc.is_copy:
             return self._copy
         if oc.is_scalar_read:
             return self._scalar_read
         return self._kernel
+
+    def _metadata_inplace(self, func, args, kwargs):
+        out = self.backend.execute_plain(func, args, kwargs)
+        self.maker.forget(args[0])
+        return out
 
     def _view(self, func, args, kwargs):
         out = self.backend.execute_plain(func, args, kwargs)
@@ -73,7 +100,8 @@ class Interceptor(TorchDispatchMode):
 
     def _pinned_factory(self, func, args, kwargs):
         kwargs = dict(kwargs)
-        kwargs["pin_memory"] = False
+        if self._strip_pin:
+            kwargs["pin_memory"] = False
         s = self.session
         with s.allocating_host():
             out = self.backend.execute_plain(func, args, kwargs)
@@ -101,9 +129,13 @@ class Interceptor(TorchDispatchMode):
         if dst_host and src_host:
             s.emit(HostAccess(thread, (sfp,) if sfp else (), (dfp,) if dfp else (), "copy_", stack))
             return self.backend.execute_plain(func, args, kwargs)
-        stream = self.backend.current_stream_tid()
+        stream = (self._op_stream((src, dst), None) if self._op_stream is not None
+                  else self.backend.current_stream_tid())
         if dfp is None or sfp is None:
             return self.backend.execute_plain(func, args, kwargs)
+        hook = s.before_launch
+        if hook is not None:
+            hook(stream, "copy_")
         if dst_host or src_host:
             s.emit(Copy(thread, stream, sfp, dfp, non_blocking, "copy_", stack))
             out = self.backend.execute(stream, func, args, kwargs)
@@ -128,6 +160,8 @@ class Interceptor(TorchDispatchMode):
         any_tensor = False
         index = oc.index
         first = True
+        deferred = None
+        pend = None
         nargs = len(args)
         for i, name, kwarg_only, role in oc.args:
             v = args[i] if (i < nargs and not kwarg_only) else (kwargs.get(name) if kwargs else None)
@@ -147,12 +181,21 @@ class Interceptor(TorchDispatchMode):
                     first = False
                     continue
                 if first and index is not None:
+                    if s.capture_state() is None and self._deferred():
+                        # Queued execution: the index values are final only when the op runs.
+                        self.maker.registry.lookup(t)
+                        deferred = (role, len(writes) if role == WRITE else len(reads))
+                        first = False
+                        any_device = any_device or not self.maker.registry.is_host(t)
+                        continue
                     if s.capture_state() is None:
-                        f = index_footprint(self.maker, oc.name, t, args)
+                        with s.internal_reads():
+                            f = self._index_fp(self.maker, oc.name, t, args)
+                        if f is not None and hasattr(f, "resolver"):
+                            pend = f     # index values still on the device: resolved later
                     else:  # index values change between replays: a captured op covers all rows
-                        f = fp(t)
-                        if f is not None:
-                            f.approx = "graph-captured index op: index values vary per replay; whole tensor used"
+                        f = self.maker.whole(
+                            t, "graph-captured index op: index values vary per replay; whole tensor used")
                 else:
                     f = fp(t)
                 first = False
@@ -169,6 +212,13 @@ class Interceptor(TorchDispatchMode):
         stack = stacks.capture()
         capture = s.capture_state()
         if any_tensor and not any_device:
+            if deferred is not None:     # host memory only: runs now, its indices are final
+                role, pos = deferred
+                t0 = args[0]
+                with s.internal_reads():
+                    f = index_footprint(self.maker, oc.name, t0, args)
+                if f is not None:
+                    (writes if role == WRITE else reads).insert(pos, f)
             with s.allocating_host():
                 out = self.backend.execute_plain(func, args, kwargs)
                 for t in iter_out_tensors(oc, out):
@@ -186,17 +236,62 @@ class Interceptor(TorchDispatchMode):
                     writes.append(f)
             capture.add(CapturedOp(tuple(reads), tuple(writes), oc.name, stack), func, args, kwargs, out)
             return out
-        stream = self.backend.current_stream_tid()
+        stream = (self._op_stream(args, kwargs) if self._op_stream is not None
+                  else self.backend.current_stream_tid())
         hook = s.before_launch
         if hook is not None:
             hook(stream, oc.name)
+        if deferred is not None:
+            return self._deferred_index_kernel(func, args, kwargs, oc, stream, reads, writes,
+                                               deferred, stack)
         out = self.backend.execute(stream, func, args, kwargs)
         if oc.out_roles:
             for t in iter_out_tensors(oc, out):
                 f = fp(t)
                 if f is not None:
                     writes.append(f)
-        s.emit(Kernel(s.thread_tid(), stream, tuple(reads), tuple(writes), oc.name, stack))
-        if oc.data_dependent:
+        ev = Kernel(s.thread_tid(), stream, tuple(reads), tuple(writes), oc.name, stack)
+        if pend is None:
+            s.emit(ev)
+        else:
+            s.emit_pending(ev, pend.resolver(ev))
+        if oc.data_dependent or (oc.name == "_to_copy" and _blocking_transfer(kwargs, reads, writes)):
             self.backend.host_wait_stream(stream)
+        return out
+
+    # -- queued executors (sim's adversarial executor) ------------------------------------------
+
+    def _deferred(self) -> bool:
+        return getattr(getattr(self.backend, "executor", None), "deferred_footprints", False)
+
+    def _deferred_index_kernel(self, func, args, kwargs, oc, stream, reads, writes, deferred, stack):
+        """An index op under a queued executor: its footprint is taken when it runs (when its
+        index values are final); the Kernel still reaches the checker in host issue order."""
+        s = self.session
+        maker, name = self.maker, oc.name
+        box = []
+
+        def snapshot(qargs, qkwargs):   # the executor calls this right before the op runs
+            with s.internal_reads():
+                box.append(index_footprint(maker, name, qargs[0], qargs))
+
+        out = self.backend.executor.run(stream, func, args, kwargs, on_execute=snapshot)
+        if oc.out_roles:
+            for t in iter_out_tensors(oc, out):
+                f = self.fp(t)
+                if f is not None:
+                    writes.append(f)
+        role, pos = deferred
+        thread = s.thread_tid()
+
+        def resolve():
+            if not box:
+                return None
+            f = box[0]
+            r, w = list(reads), list(writes)
+            if f is not None:
+                (w if role == WRITE else r).insert(pos, f)
+            return Kernel(thread, stream, tuple(r), tuple(w), name, stack)
+
+        s.emit_pending(None, resolve)
         return out

@@ -17,7 +17,8 @@ import torch
 
 from .checker import Checker
 from .errors import UsageError
-from .trace import Alloc, Free, HostAccess, Kernel, NameTensor, NameTimeline, RecordStream, Trace
+from .trace import (Alloc, Free, HostAccess, HostSync, Kernel, NameTensor, NameTimeline, RecordStream,
+                    StreamWaitEvent, StreamWaitStream, Trace)
 
 DEVICES = ("sim", "cuda", "npu")
 
@@ -30,6 +31,7 @@ class _ThreadState(threading.local):
 
     tid = None
     capture = None
+    internal = 0      # > 0 while racecheck itself reads tensors (index footprints): not host reads
 
 
 def active_session():
@@ -37,6 +39,7 @@ def active_session():
 
 
 class Session:
+    _busy = False       # an event is being processed or the pending queue flushed (this thread holds the lock)
     def __init__(self, device: str = "sim", *, executor=None, record_trace: bool = False,
                  before_launch=None, delay_plan=None, device_module=None, **backend_options):
         if device not in DEVICES:
@@ -61,6 +64,8 @@ class Session:
         self._patches: list = []
         self._modes: list = []
         self._pending = collections.deque()
+        self._liveness = None          # executor hook: storage ids the program has dropped
+        self._freed: set = set()       # storage ids whose Free was emitted early (by the hook)
         self.backend = None
         from racecheck.instrumentation.footprints import FootprintMaker, StorageRegistry
         self.footprints = FootprintMaker(StorageRegistry(self._on_new_storage))
@@ -97,13 +102,24 @@ class Session:
     def emit(self, event) -> None:
         with self._lock:
             dead = self.footprints.registry.dead
+            if self._liveness is not None and type(event) in self._liveness_before:
+                self._poll_liveness()
             if dead:
                 self._drain_dead()
-            if self._pending:
+            if self._pending or self._busy:
+                # Behind unresolved events, or emitted while an event is being processed (a
+                # runtime callback fired by a free inside racecheck): queue it, keep the order.
                 self._pending.append((event, None))
-                self.flush_pending()
+                if not self._busy:
+                    self.flush_pending()
                 return
-            self._process(event)
+            self._busy = True
+            try:
+                self._process(event)
+            finally:
+                self._busy = False
+            if self._pending:
+                self.flush_pending()
 
     @property
     def position(self) -> int:
@@ -127,25 +143,34 @@ class Session:
         synchronize), so every resolver must succeed.
         """
         with self._lock:
-            pending = self._pending
-            while pending:
-                event, resolve = pending[0]
-                if resolve is not None:
-                    try:
-                        done = resolve()
-                    except Exception as exc:
-                        self.internal_error(exc, "while resolving a deferred footprint")
-                        pending.clear()
+            if self._busy:          # re-entered (from a resolver or a callback): the outer loop goes on
+                return
+            self._busy = True
+            try:
+                self._flush_locked(force)
+            finally:
+                self._busy = False
+
+    def _flush_locked(self, force: bool) -> None:
+        pending = self._pending
+        while pending:
+            event, resolve = pending[0]
+            if resolve is not None:
+                try:
+                    done = resolve()
+                except Exception as exc:
+                    self.internal_error(exc, "while resolving a deferred footprint")
+                    pending.clear()
+                    return
+                if done is None:
+                    if not force:
                         return
-                    if done is None:
-                        if not force:
-                            return
-                        self.internal_error(RuntimeError("unresolvable deferred footprint"), "flush")
-                        pending.clear()
-                        return
-                    event = done
-                pending.popleft()
-                self._process(event)
+                    self.internal_error(RuntimeError("unresolvable deferred footprint"), "flush")
+                    pending.clear()
+                    return
+                event = done
+            pending.popleft()
+            self._process(event)
 
     def _process(self, event) -> None:
         self.seq += 1
@@ -157,12 +182,39 @@ class Session:
             except Exception as exc:
                 self.internal_error(exc, f"while checking {type(event).__name__}")
 
+    def set_liveness_poll(self, poll, before=(HostSync, StreamWaitEvent, StreamWaitStream)) -> None:
+        """Executor hook (queued execution): `poll()` returns ids of storages the program has
+        dropped while queued work still holds them. Polled before each event of a type in
+        `before` (those that change the clocks a Free is checked against), so their Free reaches
+        the checker where it would with eager execution, and not again when they really die."""
+        self._liveness = poll
+        self._liveness_before = tuple(before)
+
+    def _poll_liveness(self) -> None:
+        try:
+            early = self._liveness()
+        except Exception as exc:
+            self._liveness = None
+            self.internal_error(exc, "while polling storage liveness")
+            return
+        if early:
+            dead = self.footprints.registry.dead
+            for sid in early:
+                if sid not in self._freed:
+                    dead.append(sid)
+
     def _drain_dead(self) -> None:
         dead = self.footprints.registry.dead
         thread = self.thread_tid()
+        freed = self._freed
         while dead:
-            ev = Free(thread, dead.popleft(), ())
-            if self._pending:
+            sid = dead.popleft()
+            if self._liveness is not None:
+                if sid in freed:
+                    continue
+                freed.add(sid)
+            ev = Free(thread, sid, ())
+            if self._pending or self._busy:
                 self._pending.append((ev, None))
             else:
                 self._process(ev)
@@ -185,6 +237,16 @@ class Session:
         prev = self._tls.capture
         self._tls.capture = state
         return prev
+
+    @contextlib.contextmanager
+    def internal_reads(self):
+        """racecheck reading tensor values for itself (index footprints): no host-read events."""
+        tls = self._tls
+        tls.internal += 1
+        try:
+            yield
+        finally:
+            tls.internal -= 1
 
     @contextlib.contextmanager
     def allocating_host(self):
@@ -218,6 +280,9 @@ class Session:
     def name_stream(self, stream, name: str) -> None:
         tid = self._stream_tid(stream)
         self.emit(NameTimeline(self.thread_tid(), tid, str(name), False, None))
+        notify = getattr(getattr(self.backend, "executor", None), "stream_named", None)
+        if notify is not None:
+            notify(tid, str(name))
 
     def _stream_tid(self, stream) -> int:
         tid = self.backend.stream_of(stream)
@@ -229,7 +294,7 @@ class Session:
         """A synchronizing host read (`.item()`, `.tolist()`, `.numpy()`, `int(t)`)."""
         if not self.checking or not isinstance(t, torch.Tensor) or t.numel() == 0:
             return
-        if self.capture_state() is not None:
+        if self._tls.internal or self.capture_state() is not None:
             return
         fp = self.footprints.of(t)
         if fp.host:
@@ -262,6 +327,10 @@ class Session:
             self.backend = make_backend(self, self.device, executor=self._executor,
                                         device_module=self._device_module_override,
                                         **self._backend_options)
+            if self.delay_plan is not None:   # delays before chosen launches, on every backend
+                from racecheck.instrumentation.delays import DelayPlan
+                self.before_launch = DelayPlan.parse(self.delay_plan).hook(
+                    self, chain=self.before_launch)
             self.thread_tid()
             self._install()
         except BaseException:

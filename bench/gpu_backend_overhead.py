@@ -1,0 +1,161 @@
+"""Per-op cost of the `cuda` backend, broken down (each configuration in its own process).
+
+    python bench/gpu_backend_overhead.py [--quick] [--json OUT.json]
+
+Configurations:
+  plain            no instrumentation
+  trace-on         torch's GPU trace activated (every allocation, free, event and sync calls into
+                   Python, as after any racecheck `cuda` session), no dispatch mode
+  noop-mode        a do-nothing TorchDispatchMode (the floor for any dispatch-level tool)
+  racecheck        racecheck.session(device="cuda")  (trace callbacks + wrappers)
+  racecheck-wrap   racecheck.session(device="cuda", callbacks=False)  (wrappers only)
+Workloads:
+  ops      20 small elementwise ops per iteration on the default stream (per-op cost)
+  decode   the decode-like step of bench/gpu_overhead.py (plan stream, event, matmuls, .item())
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+CONFIGS = ("plain", "trace-on", "noop-mode", "racecheck", "racecheck-wrap")
+WORKLOADS = ("ops", "decode")
+OPS_PER_ITER = 20
+
+
+def _ops_step(torch):
+    x = torch.randn(1024, device="cuda")
+    y = torch.zeros(1024, device="cuda")
+
+    def step():
+        for _ in range(OPS_PER_ITER // 4):
+            t = x * 2          # alloc + op
+            y.add_(t)          # in-place
+            t2 = y - x         # alloc + op
+            y.copy_(t2)        # copy
+        return None
+    return step
+
+
+def _decode_step(torch, dm, hidden=256, batch=8):
+    w1 = torch.randn(hidden, hidden, device="cuda") / hidden ** 0.5
+    w2 = torch.randn(hidden, hidden, device="cuda") / hidden ** 0.5
+    x = torch.randn(batch, hidden, device="cuda")
+    positions = torch.zeros(batch, dtype=torch.int64, device="cuda")
+    plan_buf = torch.zeros(batch, dtype=torch.int64, device="cuda")
+    out = torch.zeros(batch, hidden, device="cuda")
+    plan_stream = dm.Stream()
+    ready = dm.Event()
+
+    def step():
+        with dm.stream(plan_stream):
+            plan_buf.copy_(positions + 1)
+        ready.record(plan_stream)
+        h = torch.relu(x @ w1) @ w2
+        dm.current_stream().wait_event(ready)
+        positions.copy_(plan_buf)
+        out.copy_(h + positions.unsqueeze(1).to(h.dtype))
+        plan_stream.wait_stream(dm.current_stream())
+        return out[0, 0].item()
+    return step
+
+
+def worker(config: str, workload: str, iters: int) -> dict:
+    import contextlib
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class NoopMode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    ctx = contextlib.nullcontext()
+    if config == "trace-on":
+        torch._C._activate_gpu_trace()
+    elif config == "noop-mode":
+        ctx = NoopMode()
+    elif config in ("racecheck", "racecheck-wrap"):
+        import racecheck
+        opts = {"callbacks": False} if config == "racecheck-wrap" else {}
+        ctx = racecheck.session(device="cuda", **opts)
+    with ctx:
+        fn = _ops_step(torch) if workload == "ops" else _decode_step(torch, torch.cuda)
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+        dt = (time.perf_counter() - t) / iters
+    findings = len(ctx.findings) if config.startswith("racecheck") else None
+    errors = len(ctx.internal_errors) if config.startswith("racecheck") else None
+    return {"config": config, "workload": workload, "us_per_iter": dt * 1e6,
+            "findings": findings, "internal_errors": errors}
+
+
+def run_worker(config, workload, iters):
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", config, "--workload", workload,
+           "--iters", str(iters)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        sys.stderr.write(f"[{config}/{workload}] failed:\n{p.stderr[-2000:]}\n")
+        return None
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--json")
+    p.add_argument("--worker")
+    p.add_argument("--workload", default="ops")
+    p.add_argument("--iters", type=int, default=300)
+    args = p.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.workload, args.iters)))
+        return 0
+    import torch
+    if not torch.cuda.is_available():
+        print("no GPU: nothing to measure")
+        return 0
+    rounds = 1 if args.quick else 3
+    iters = 100 if args.quick else 400
+    samples: dict = {}
+    for _ in range(rounds):
+        for workload in WORKLOADS:
+            for config in CONFIGS:
+                r = run_worker(config, workload, iters)
+                if r:
+                    samples.setdefault((workload, config), []).append(r)
+    rows = []
+    for (workload, config), rs in samples.items():
+        us = statistics.median(r["us_per_iter"] for r in rs)
+        rows.append({"workload": workload, "config": config, "us_per_iter": us,
+                     "findings": rs[-1]["findings"], "internal_errors": rs[-1]["internal_errors"]})
+    base = {r["workload"]: r["us_per_iter"] for r in rows if r["config"] == "plain"}
+    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  rounds {rounds}")
+    print(f"{'workload':8s} {'config':15s} {'us/iter':>10s} {'x plain':>8s} {'us/op extra':>12s}")
+    for r in sorted(rows, key=lambda r: (r["workload"], CONFIGS.index(r["config"]))):
+        ratio = r["us_per_iter"] / base[r["workload"]] if r["workload"] in base else float("nan")
+        r["x_plain"] = ratio
+        extra = ""
+        if r["workload"] == "ops" and "ops" in base:
+            r["us_per_op_extra"] = (r["us_per_iter"] - base["ops"]) / OPS_PER_ITER
+            extra = f"{r['us_per_op_extra']:12.2f}"
+        print(f"{r['workload']:8s} {r['config']:15s} {r['us_per_iter']:10.1f} {ratio:8.2f} {extra}")
+    if args.json:
+        with open(args.json, "w") as fp:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "rows": rows}, fp, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
