@@ -41,6 +41,7 @@ def mark_internal(directory: str) -> None:
     """Treat frames under `directory` as racecheck machinery (e.g. an installed package path)."""
     _extra_internal.append(os.path.abspath(directory) + os.sep)
     _internal.clear()
+    _offsets.clear()
 
 
 def _is_internal(filename: str) -> bool:
@@ -58,23 +59,62 @@ def _is_internal(filename: str) -> bool:
     return os.path.basename(filename) in _STDLIB_PLUMBING
 
 
+def _inside(code, internal=_internal) -> bool:
+    fn = code.co_filename
+    inside = internal.get(fn)
+    if inside is None:
+        inside = internal[fn] = _is_internal(fn)
+    return inside
+
+
+# Caller code -> how many internal frames lie between `skip` and the first user frame. From a
+# given racecheck call site (the dispatch mode, a stream method) that count is fixed, and
+# `sys._getframe(n)` jumps there without materializing the frame objects in between (which is
+# what makes a plain `f_back` walk cost microseconds on the per-op path).
+_offsets: dict = {}
+
+
 def capture(limit: int = 6, skip: int = 2) -> tuple:
-    """Innermost-first user frames as raw (code, bytecode offset) pairs."""
+    """Innermost-first user frames as raw (code, bytecode offset) pairs (lines resolved lazily
+    by racecheck.trace.frame_info)."""
+    getframe = sys._getframe
+    key = id(getframe(1).f_code)
+    off = _offsets.get(key)
+    if off is not None:
+        try:
+            f = getframe(skip + off)
+            # the frame just inside must be ours, or the path is shallower than the one learned
+            below = getframe(skip + off - 1) if off else None
+        except ValueError:
+            f = None
+        if f is not None and not _inside(f.f_code) and (below is None or _inside(below.f_code)):
+            out = [(f.f_code, f.f_lasti)]
+            f = f.f_back
+            while f is not None:
+                code = f.f_code
+                if not _inside(code):
+                    out.append((code, f.f_lasti))
+                    if len(out) >= limit:
+                        break
+                f = f.f_back
+            return tuple(out)
     try:
-        f = sys._getframe(skip)
+        f = getframe(skip)
     except ValueError:
         return ()
     out = []
-    internal = _internal  # keyed by filename: str hashes are cached, code-object hashes are not
+    depth = 0
+    first = None
     while f is not None:
         code = f.f_code
-        fn = code.co_filename
-        inside = internal.get(fn)
-        if inside is None:
-            inside = internal[fn] = _is_internal(fn)
-        if not inside:
-            out.append((code, f.f_lasti))  # line resolved lazily: racecheck.trace.frame_info
+        if not _inside(code):
+            if first is None:
+                first = depth
+            out.append((code, f.f_lasti))
             if len(out) >= limit:
                 break
         f = f.f_back
+        depth += 1
+    if first is not None:
+        _offsets[key] = first
     return tuple(out)

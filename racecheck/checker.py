@@ -220,8 +220,7 @@ class Checker:
     def _assign_sites(self, event) -> None:
         """Unnamed storages are described by the first op that touched them (stable across runs)."""
         if isinstance(event, (Kernel, Copy, HostAccess)):
-            loc = _fmt_stack(event.stack)[0] if event.stack else ""
-            site = (getattr(event, "op", "op"), loc)
+            site = (event.op, event.stack[:1])  # formatted only if a finding needs it
             for b in self._unsited:
                 self._sites[b] = site
             self._unsited.clear()
@@ -773,7 +772,8 @@ class Checker:
         if nm is None:
             site = self._sites.get(storage)
             if site is not None:
-                op, loc = site
+                op, top = site
+                loc = _fmt_stack(top)[0] if top else ""
                 tensor = f"unnamed tensor (first used by {op}{' at ' + loc if loc else ''}; bytes {lo}..{hi - 1})"
             else:
                 tensor = f"unnamed tensor (bytes {lo}..{hi - 1})"

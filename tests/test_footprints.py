@@ -160,3 +160,22 @@ def test_footprints_from_an_earlier_session_are_not_reused():
     with racecheck.session() as rc2:
         b = rc2.footprints.of(x)
     assert a is not b
+
+
+def test_stack_capture_finds_the_first_user_frame_on_every_path():
+    """The learned jump to the first user frame must not skip a user frame on a shorter path."""
+    from racecheck.instrumentation import stacks
+    from racecheck.trace import frame_info
+
+    def via_torch_python_wrapper(x):
+        return torch.functional.broadcast_tensors(x, x)  # an extra torch frame
+
+    with racecheck.session(record_trace=True) as rc:
+        x = torch.zeros(4)
+        via_torch_python_wrapper(x)
+        x.add_(1)   # shorter path afterwards
+        x.add_(2)
+    kernels = [e for e in rc.trace if type(e).__name__ == "Kernel" and e.op == "add_"]
+    lines = [frame_info(k.stack[0])[2] for k in kernels]
+    assert lines == ["test_stack_capture_finds_the_first_user_frame_on_every_path"] * 2
+    assert stacks._offsets
