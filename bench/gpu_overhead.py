@@ -35,6 +35,7 @@ def _decode_step_factory(torch, dm, hidden=512, batch=8):
     out = torch.zeros(batch, hidden, device="cuda")
     plan_stream = dm.Stream()
     ready = dm.Event()
+    plan_stream.wait_stream(dm.current_stream())  # the buffers above were made on the main stream
 
     def step():
         with dm.stream(plan_stream):
