@@ -1,0 +1,236 @@
+"""`racecheck fuzz SCENARIO`: Hypothesis over a scenario; every distinct failure shrunk and saved.
+
+    racecheck fuzz eagle-v2 --variant no-futuremap_publish --budget 60s
+    racecheck fuzz eagle-v2 --max-examples 10000 --db redis://ci-redis:6379/0 --workers 4
+
+Exit 0 when nothing failed, 1 when at least one failure was found (each one is written as a repro
+record under --findings-dir and its one-line reproduction command is printed), 2 on usage errors.
+"""
+from __future__ import annotations
+
+import sys
+
+from racecheck.errors import EXIT_CLEAN, EXIT_FINDINGS, EXIT_INTERNAL, UsageError
+
+STATUS_EVERY_S = 30.0      # without a terminal (CI logs): one status line this often
+
+
+def add_arguments(p) -> None:
+    p.add_argument("scenario", help="scenario name (see `racecheck list`)")
+    p.add_argument("--variant", default=None,
+                   help="fuzz this variant (a fix switched off); default: all fixes on")
+    lim = p.add_mutually_exclusive_group()
+    lim.add_argument("--budget", default=None, metavar="DURATION",
+                     help="wall-clock budget, e.g. 60s, 5m, 1h (default 60s; with --max-examples: no limit)")
+    lim.add_argument("--max-examples", type=int, default=None, metavar="N",
+                     help="stop after N examples instead of after a time budget")
+    p.add_argument("--seed", type=int, default=None, help="seed the search (reproducible example choice)")
+    p.add_argument("--db", default=None, metavar="PATH|redis://HOST:PORT/N",
+                   help="example database shared between runs and runners (default .racecheck/examples; "
+                        "`none` to disable)")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="processes fuzzing in parallel on one database (default 1)")
+    p.add_argument("--device", default="sim", choices=["sim", "cuda", "npu"],
+                   help="backend (default sim: adversarial executor on the CPU)")
+    p.add_argument("--findings-dir", default="racecheck-findings", metavar="DIR",
+                   help="where repro records are written (default racecheck-findings)")
+    p.add_argument("--report", action="append", default=[], metavar="FORMAT=FILE",
+                   help="also write the failures' findings as FORMAT (json, sarif, junit, html, perfetto)")
+    p.add_argument("--draw-switches", action="store_true",
+                   help="also draw the fix switches (each may be off): hunt for every fix-off race at once")
+    p.add_argument("--first", action="store_true",
+                   help="stop as soon as the first failure is shrunk and saved")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _validate(args):
+    from racecheck.scenarios.fuzz import parse_budget
+    if args.max_examples is not None and args.max_examples < 1:
+        raise UsageError("--max-examples must be >= 1")
+    if args.workers < 1:
+        raise UsageError("--workers must be >= 1")
+    budget = parse_budget(args.budget) if args.budget is not None else None
+    if budget is None and args.max_examples is None:
+        budget = 60.0
+    if args.report:
+        from racecheck.reports import parse_report_specs
+        parse_report_specs(args.report)
+    return budget
+
+
+def main(args) -> int:
+    from rich.console import Console
+    from racecheck.scenarios.fuzz import FuzzTarget, Fuzzer, open_database
+    budget = _validate(args)
+    target = FuzzTarget(args.scenario, args.variant, device=args.device, draw_switches=args.draw_switches)
+    db = open_database(args.db)          # fails early (one line) on a bad path or unreachable Redis
+    out = Console(highlight=False, soft_wrap=True)
+    err = Console(stderr=True, highlight=False)
+    db_text = args.db or ".racecheck/examples"
+    out.print(f"racecheck fuzz {target.label} on {args.device}: "
+              + (f"budget {budget:g}s" if budget else f"{args.max_examples} examples")
+              + f", database {db_text} (key {target.key.decode()})"
+              + (f", {args.workers} workers" if args.workers > 1 else ""), markup=False)
+    found = {}          # key -> (path, examples, seconds, wrong values)
+    if args.workers > 1:
+        status = _run_workers(args, target, budget, found, out, err)
+        if status is not None:
+            return status
+        examples = sum(v for v in found.pop("__examples__", [0]))
+        elapsed = found.pop("__elapsed__", 0.0)
+        kinds = found.pop("__kinds__", {})
+    else:
+        report = _run_one(args, target, db, budget, found, out)
+        examples, elapsed, kinds = report.examples, report.elapsed, report.kinds
+    return _summary(args, target, found, examples, elapsed, out, kinds)
+
+
+def _progress_columns():
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    return Progress(SpinnerColumn(), TextColumn("[bold]fuzz[/bold] {task.description}"), BarColumn(),
+                    TextColumn("{task.fields[examples]} examples"),
+                    TextColumn("{task.fields[distinct]} distinct failures"),
+                    TextColumn("{task.fields[rate]:.1f}/s"), TimeElapsedColumn(), transient=True)
+
+
+def _run_one(args, target, db, budget, found, out):
+    from racecheck.scenarios.fuzz import Fuzzer
+    progress = None
+    task = None
+    if not args.quiet and out.is_terminal:
+        progress = _progress_columns()
+        total = budget if budget else args.max_examples
+        task = progress.add_task(target.label, total=total, examples=0, distinct=0, rate=0.0)
+        progress.start()
+
+    last = [0.0]
+
+    def on_progress(examples, distinct, elapsed):
+        rate = examples / elapsed if elapsed else 0.0
+        if progress is not None:
+            progress.update(task, completed=min(elapsed, budget) if budget else examples,
+                            examples=examples, distinct=distinct, rate=rate)
+        elif not args.quiet and elapsed - last[0] >= STATUS_EVERY_S:   # logs: a line now and then
+            last[0] = elapsed
+            out.print(f"fuzz: {examples} examples, {distinct} distinct failures, {elapsed:.0f}s, "
+                      f"{rate:.1f}/s", markup=False)
+
+    def on_found(ff):
+        found[ff.key] = (ff.path, ff.examples_to_find, ff.seconds_to_find, ff.outcome.wrong_values())
+        from racecheck.repro import reproduce_command
+        line = (f"found {ff.key} after {ff.examples_to_find} examples ({ff.seconds_to_find:.1f}s); "
+                f"shrunk: {reproduce_command(ff.path) if ff.path else '(not saved)'}")
+        if progress is not None:
+            progress.console.print(line, markup=False)
+        elif not args.quiet:
+            out.print(line, markup=False)
+
+    try:
+        report = Fuzzer(target, database=db, findings_dir=args.findings_dir, budget_s=budget,
+                        max_examples=args.max_examples, seed=args.seed, first_only=args.first,
+                        on_progress=on_progress, on_found=on_found).run()
+    finally:
+        if progress is not None:
+            progress.stop()
+    report_findings = {k: v.outcome.findings for k, v in report.failures.items()}
+    found["__findings__"] = report_findings
+    return report
+
+
+def _run_workers(args, target, budget, found, out, err):
+    from racecheck.scenarios.fuzz import run_workers
+    spec = {"scenario": target.scenario, "variant": target.variant, "device": args.device,
+            "draw_switches": args.draw_switches, "db": args.db, "seed": args.seed,
+            "findings_dir": args.findings_dir, "budget_s": budget,
+            "max_examples": -(-args.max_examples // args.workers) if args.max_examples else None,
+            "first_only": args.first}
+    progress = None
+    task = None
+    if not args.quiet and out.is_terminal:
+        progress = _progress_columns()
+        task = progress.add_task(f"{target.label} x{args.workers}", total=None, examples=0, distinct=0, rate=0.0)
+        progress.start()
+    import time
+    t0 = time.monotonic()
+
+    last = [0.0]
+
+    def on_progress(total, per):
+        el = time.monotonic() - t0
+        distinct = len([k for k in found if not k.startswith("__")])
+        if progress is not None:
+            progress.update(task, examples=total, distinct=distinct, rate=total / el if el else 0.0)
+        elif not args.quiet and el - last[0] >= STATUS_EVERY_S:
+            last[0] = el
+            out.print(f"fuzz: {total} examples ({len(per)} workers), {distinct} distinct failures, "
+                      f"{el:.0f}s, {total / el if el else 0.0:.1f}/s", markup=False)
+
+    def on_found(msg):
+        _, k, key, path, n, secs, srepro, wrong = msg
+        if key not in found:
+            found[key] = (path, n, secs, wrong)
+            from racecheck.repro import reproduce_command
+            line = f"worker {k}: found {key} after {n} examples ({secs:.1f}s); shrunk: {reproduce_command(path)}"
+            (progress.console if progress is not None else out).print(line, markup=False)
+
+    try:
+        done, errors = run_workers(spec, args.workers, on_progress=on_progress, on_found=on_found)
+    finally:
+        if progress is not None:
+            progress.stop()
+    for k, text, tb, usage in errors:
+        if usage:
+            raise UsageError(text.split(": ", 1)[-1])
+        err.print(f"racecheck: worker {k} failed: {text}", markup=False)
+        err.print(tb, markup=False)
+    if errors and not done:
+        return EXIT_INTERNAL
+    found["__examples__"] = [v[0] for v in done.values()]
+    found["__elapsed__"] = max([v[1] for v in done.values()] or [0.0])
+    kinds = {}
+    for v in done.values():
+        for k, n in (v[5] if len(v) > 5 else {}).items():
+            kinds[k] = kinds.get(k, 0) + n
+    found["__kinds__"] = kinds
+    return None
+
+
+def _summary(args, target, found, examples, elapsed, out, kinds=None):
+    from racecheck.repro import load_record, reproduce_command
+    findings_by_key = found.pop("__findings__", None)
+    keys = [k for k in found if not k.startswith("__")]
+    rate = examples / elapsed if elapsed else 0.0
+    out.print(f"{examples} examples in {elapsed:.1f}s ({rate:.1f}/s); {len(keys)} distinct failure(s)",
+              markup=False)
+    if kinds is not None:
+        k = dict(kinds)
+        out.print(f"examples with detector findings: {k.get('finding', 0)}, differential mismatches: "
+                  f"{k.get('differential', 0)}, faults: {k.get('fault', 0)}, crashes: {k.get('crash', 0)}, "
+                  f"internal errors: {k.get('internal', 0)}", markup=False)
+    all_findings = []
+    for key in keys:
+        path, n, secs, wrong = found[key]
+        out.print(f"  {key}: first seen after {n} examples ({secs:.1f}s); shrunk repro {path}", markup=False)
+        if wrong:
+            out.print(f"    wrong value: {wrong}", markup=False)
+        out.print(f"    reproduce: {reproduce_command(path)}", markup=False)
+        if findings_by_key is not None:
+            all_findings.extend(f for f in findings_by_key.get(key, ()) if _key_of(f) == key)
+        else:
+            try:
+                from racecheck.findings import Finding
+                rec = load_record(path)
+                all_findings.extend(Finding.from_json(d) for d in rec.get("observed", {}).get("findings", ())
+                                    if f"{d['rule']} {d['tensor']}" == key or _key_of(Finding.from_json(d)) == key)
+            except Exception:
+                pass
+    if args.report:
+        from racecheck.reports import write_reports
+        write_reports(all_findings, args.report, meta={"command": "fuzz", "scenario": target.scenario,
+                                                       "variant": target.variant})
+    return EXIT_FINDINGS if keys else EXIT_CLEAN
+
+
+def _key_of(f):
+    from racecheck.repro import finding_key
+    return finding_key(f)
