@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -101,13 +100,9 @@ def worker(config: str, workload: str, iters: int) -> dict:
 
 
 def run_worker(config, workload, iters):
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", config, "--workload", workload,
-           "--iters", str(iters)]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    if p.returncode != 0:
-        sys.stderr.write(f"[{config}/{workload}] failed:\n{p.stderr[-2000:]}\n")
-        return None
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from gpu_overhead import run_worker as run_in_process
+    return run_in_process(config, workload, iters, script=__file__)
 
 
 def main(argv=None) -> int:

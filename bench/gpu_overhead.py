@@ -123,8 +123,9 @@ def eagle_worker(config: str, iters: int) -> dict:
             "findings": n}
 
 
-def run_worker(config, workload, iters) -> dict | None:
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", config, "--workload", workload,
+def run_worker(config, workload, iters, script=__file__) -> dict | None:
+    """Run one configuration in a fresh process of `script`; its last stdout line is JSON."""
+    cmd = [sys.executable, os.path.abspath(script), "--worker", config, "--workload", workload,
            "--iters", str(iters)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if p.returncode != 0:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from racecheck.trace import CapturedOp, Copy, HostAccess, HostSync, Kernel
+from racecheck.trace import CapturedOp, Copy, HostAccess, Kernel
 
 from . import stacks
 from .classify import META, WRITE, classify, iter_out_tensors

@@ -662,7 +662,6 @@ class Checker:
         gr.last_replay = (seq, tid, ev)
 
     def _check_rc006(self, gr, ev, seq, s):
-        g = gr.gid
         for st, inp in gr.inputs.items():
             if not inp.fresh:
                 continue

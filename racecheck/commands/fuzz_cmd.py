@@ -8,7 +8,6 @@ record under --findings-dir and its one-line reproduction command is printed), 2
 """
 from __future__ import annotations
 
-import sys
 
 from racecheck.errors import EXIT_CLEAN, EXIT_FINDINGS, EXIT_INTERNAL, UsageError
 
@@ -60,7 +59,7 @@ def _validate(args):
 
 def main(args) -> int:
     from rich.console import Console
-    from racecheck.scenarios.fuzz import FuzzTarget, Fuzzer, open_database
+    from racecheck.scenarios.fuzz import FuzzTarget, open_database
     budget = _validate(args)
     target = FuzzTarget(args.scenario, args.variant, device=args.device, draw_switches=args.draw_switches)
     db = open_database(args.db)          # fails early (one line) on a bad path or unreachable Redis
