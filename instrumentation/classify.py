@@ -8,7 +8,16 @@ from __future__ import annotations
 
 import torch
 
-READ, WRITE, META = 0, 1, 2
+READ, WRITE, META, READ_WRITE = 0, 1, 2, 3
+
+# In-place ops that overwrite their `self` without reading it (everything else in place, like
+# `add_`, reads the old value too: a race against an earlier unordered write is then RC001).
+PURE_WRITES = {
+    "fill_", "zero_", "copy_", "normal_", "uniform_", "random_", "bernoulli_", "exponential_",
+    "geometric_", "cauchy_", "log_normal_", "index_put_", "_index_put_impl_", "index_copy_",
+    "index_fill_", "scatter_", "masked_fill_", "masked_scatter_", "set_", "resize_",
+    "fill_diagonal_", "_copy_from", "_copy_from_and_resize",
+}
 
 # Ops whose footprint on `self` (or the written argument) depends on index values.
 # value: (dim argument name or None for advanced indexing, index argument name, role of self)
@@ -22,10 +31,10 @@ INDEX_OPS = {
     "index_put_": (None, "indices", WRITE),
     "_index_put_impl_": (None, "indices", WRITE),
     "scatter_": ("dim", "index", WRITE),
-    "scatter_add_": ("dim", "index", WRITE),
-    "scatter_reduce_": ("dim", "index", WRITE),
+    "scatter_add_": ("dim", "index", READ_WRITE),
+    "scatter_reduce_": ("dim", "index", READ_WRITE),
     "index_copy_": ("dim", "index", WRITE),
-    "index_add_": ("dim", "index", WRITE),
+    "index_add_": ("dim", "index", READ_WRITE),
     "index_fill_": ("dim", "index", WRITE),
 }
 
@@ -72,7 +81,9 @@ class OpClass:
                 continue
             ai = a.alias_info
             if ai is not None and ai.is_write:
-                role = WRITE
+                # `out=` arguments and pure overwrites only write; other in-place ops read first
+                role = WRITE if (a.kwarg_only or a.name == "out" or name in PURE_WRITES
+                                 or not name.endswith("_")) else READ_WRITE
             elif ai is not None:
                 role = META
             elif self.factory_meta_self and i == 0:
@@ -87,8 +98,8 @@ class OpClass:
             outs.append(META if ai is not None else WRITE)
         self.out_roles = tuple(outs)
         self.is_view = bool(outs) and all(o == META for o in outs) and not any(
-            role == WRITE for _, _, _, role in args)
-        self.inplace_self = bool(args) and args[0][3] == WRITE
+            role in (WRITE, READ_WRITE) for _, _, _, role in args)
+        self.inplace_self = bool(args) and args[0][3] in (WRITE, READ_WRITE)
         self.index = INDEX_OPS.get(name)
         self.no_access = name in NO_ACCESS
         self.metadata_inplace = name in METADATA_INPLACE

@@ -13,10 +13,17 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from racecheck.trace import CapturedOp, Copy, HostAccess, Kernel
 
 from . import stacks
-from .classify import META, WRITE, classify, iter_out_tensors
+from .classify import META, READ_WRITE, WRITE, classify, iter_out_tensors
 from .indexops import index_footprint
 
 BORN_ATTR = "_racecheck_born"
+
+
+def _place(role, f, reads, writes) -> None:
+    if role != WRITE:
+        reads.append(f)
+    if role != 0:  # READ
+        writes.append(f)
 
 
 def _blocking_transfer(kwargs, reads, writes) -> bool:
@@ -207,6 +214,9 @@ class Interceptor(TorchDispatchMode):
                     any_device = True
                 if role == WRITE:
                     writes.append(f)
+                elif role == READ_WRITE:
+                    reads.append(f)
+                    writes.append(f)
                 else:
                     reads.append(f)
         stack = stacks.capture()
@@ -218,7 +228,7 @@ class Interceptor(TorchDispatchMode):
                 with s.internal_reads():
                     f = index_footprint(self.maker, oc.name, t0, args)
                 if f is not None:
-                    (writes if role == WRITE else reads).insert(pos, f)
+                    _place(role, f, reads, writes)
             with s.allocating_host():
                 out = self.backend.execute_plain(func, args, kwargs)
                 for t in iter_out_tensors(oc, out):
@@ -290,7 +300,7 @@ class Interceptor(TorchDispatchMode):
             f = box[0]
             r, w = list(reads), list(writes)
             if f is not None:
-                (w if role == WRITE else r).insert(pos, f)
+                _place(role, f, r, w)
             return Kernel(thread, stream, tuple(r), tuple(w), name, stack)
 
         s.emit_pending(None, resolve)
