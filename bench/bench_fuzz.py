@@ -86,7 +86,7 @@ def main(argv=None) -> int:
 
     from rich.console import Console
     from rich.table import Table
-    con = Console()
+    con = Console(width=max(140, Console().width))
     results = []
     for v in variants:
         for seed in range(args.seeds):

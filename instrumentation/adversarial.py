@@ -56,6 +56,7 @@ from .executor import Executor
 __all__ = ["AdversarialExecutor", "normalize_plan", "PlanError", "EMPTY_PLAN"]
 
 EMPTY_PLAN = {"priorities": {}, "host": 0, "change_points": [], "holds": []}
+_DEMOTED = -1_000_000          # a change point's priority (times its rank): below every plan's
 
 # In-place ops that change a tensor's metadata (shape, strides), not its data: run at issue.
 _METADATA_INPLACE = {"transpose_", "t_", "squeeze_", "unsqueeze_", "as_strided_", "swapdims_",
@@ -369,6 +370,9 @@ class AdversarialExecutor(Executor):
     def stream_named(self, tid, name) -> None:
         with self._lock:
             self._names[tid] = str(name)
+            st = self._streams.get(tid)
+            if st is not None and st.prio is not None and st.prio > _DEMOTED:
+                st.prio = None             # resolve again: the plan may name it
 
     def stream_name(self, tid) -> str:
         name = self._names.get(tid)
@@ -673,7 +677,7 @@ class AdversarialExecutor(Executor):
         while cps and cps[0] <= self._step:
             cps.popleft()
             self._demotions += 1
-            low = -1_000_000 * self._demotions
+            low = _DEMOTED * self._demotions
             if st is None:
                 self._host_prio = low
             else:

@@ -19,10 +19,17 @@ database, derandomized) never applies. The database key is `racecheck/v1/<scenar
 a hash of test source, so every runner and every racecheck release with the same strategies
 shares one corpus. Bump the `v1` when the strategies change incompatibly.
 
-Budget: Hypothesis has no wall-clock limit. `--budget` runs bounded Hypothesis runs back to back;
-inside one, once the budget is spent, new examples pass at once (not those replayed from the
-database, which would otherwise be deleted as fixed), so the run ends; shrinking gets a grace
-period so that a late find still leaves a minimal repro.
+The loop: first every failure the database already knows is replayed (from any runner); then
+bounded Hypothesis runs of a fixed schedule of sizes (50, 100, 200, ... examples, each with its
+own seed derived from --seed), each stopping at its first failure (report_multiple_bugs off) and
+shrinking it; failures already saved are ignored by later runs, and a failure seen only beside
+another one is shrunk on its own (its example seeded under its own key). While Hypothesis shrinks
+a detector finding, each attempt runs in issue order without the reference run: findings do not
+depend on the order, and the final replay runs the example's own plan.
+
+Budget: Hypothesis has no wall-clock limit. Once the budget is spent, a run with nothing to
+shrink ends at once (a skip exception, which Hypothesis passes through untouched); shrinking gets
+a grace period (half the budget, 5 to 30 s) so that a late find still leaves a minimal repro.
 """
 from __future__ import annotations
 
@@ -658,7 +665,6 @@ class Fuzzer:
                     if self.budget_s:
                         n = min(n, size)
                 seed = None if self.seed is None else self.seed * 1009 + batch + 7919 * self.worker
-                t_batch = time.monotonic()
                 before = rep.examples
                 failures = self._hypothesis_run(phases=phases, max_examples=n, ignore=set(rep.failures),
                                                 seed=seed)
@@ -690,9 +696,9 @@ class Fuzzer:
                 if ran == 0 and batch > 3:
                     rep.stopped = "nothing left to generate"
                     break
-                dt = time.monotonic() - t_batch
-                if ran and dt > 0:      # aim for batches of ~5 s (new seeds, fresh search)
-                    size = int(min(2000, max(20, ran * 5.0 / dt)))
+                # A fixed schedule of batch sizes (never timing-dependent: with --seed the examples
+                # drawn are the same on every machine; only where the budget stops them differs).
+                size = min(2000, size * 2)
             # failures seen but not shrunk in time: saved as they were found (search.shrunk = false)
             if not (self.first_only and rep.failures) and not self._wanted_saved():
                 for key, (choices, example, outcome, n, secs) in list(self._seen.items()):
@@ -721,8 +727,11 @@ def _worker_main(k, spec, queue):
     """Worker process k: fuzz with its own seed; report progress and finds through `queue`."""
     try:
         import importlib
-        for mod in spec.get("imports", ()):     # modules registering extra scenarios (tests, plugins)
-            importlib.import_module(mod)
+        for name in spec.get("imports", ()):    # "module" or "module:function" registering scenarios
+            mod, _, func = name.partition(":")
+            m = importlib.import_module(mod)
+            if func:
+                getattr(m, func)()
         target = FuzzTarget(spec["scenario"], spec["variant"], device=spec["device"],
                             draw_switches=spec["draw_switches"])
         db = open_database(spec["db"])

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-import test_fuzz_toy  # noqa: F401  (registers toy-pipeline)
+from test_fuzz_toy import toy_registered  # noqa: F401  (fixture: toy-pipeline registered)
 from racecheck import cli
 from racecheck.scenarios.fuzz import (FuzzTarget, Fuzzer, database_key, open_database, parse_budget,
                                       run_workers)
@@ -68,6 +68,13 @@ def test_a_wrong_value_is_found_with_the_plan_that_shows_it(tmp_path):
     assert "serialized" in ff.outcome.wrong_values()
 
 
+def test_a_seeded_search_is_reproducible():
+    runs = [_fuzz(budget_s=20.0, seed=2, stop_when={"DIFF acc"})[0] for _ in range(2)]
+    a, b = (r.failures["DIFF acc"] for r in runs)
+    assert (a.examples_to_find, a.example) == (b.examples_to_find, b.example)
+    assert runs[0].examples == runs[1].examples
+
+
 def test_all_fixes_on_is_clean_and_the_budget_stops_the_run():
     _fuzz(None, budget_s=None, max_examples=1)          # warm up (first session: imports)
     t0 = time.monotonic()
@@ -104,7 +111,8 @@ def _cli_subprocess(args, cwd, env_extra=None, timeout=120):
     env = dict(os.environ)
     env["PYTHONPATH"] = HERE + os.pathsep + env.get("PYTHONPATH", "")
     env.update(env_extra or {})
-    code = ("import sys, test_fuzz_toy; from racecheck.cli import main; sys.exit(main(sys.argv[1:]))")
+    code = ("import sys, test_fuzz_toy; test_fuzz_toy.register(); from racecheck.cli import main; "
+            "sys.exit(main(sys.argv[1:]))")
     return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
@@ -248,7 +256,7 @@ def test_cli_fuzz_with_redis(redis_url, tmp_path, capsys):
 def _spec(db, tmp, **kw):
     spec = {"scenario": "toy-pipeline", "variant": "no-event_fix", "device": "sim", "draw_switches": False,
             "db": db, "seed": None, "findings_dir": str(tmp), "budget_s": 10.0, "max_examples": None,
-            "first_only": True, "imports": ["test_fuzz_toy"]}
+            "first_only": True, "imports": ["test_fuzz_toy:register"]}
     spec.update(kw)
     return spec
 

@@ -2,10 +2,12 @@
 
 A side stream writes a batch buffer each iteration; the default stream accumulates it (RC001 on
 `buf` without the event fix); the result goes to pinned memory with a non-blocking copy that the
-host reads (RC004 on `h` without the sync fix). Importing this module registers `toy-pipeline`.
+host reads (RC004 on `h` without the sync fix). `register()` adds `toy-pipeline` to the registry;
+test modules using it do so through the `toy_registered` fixture (module scope).
 """
 from __future__ import annotations
 
+import pytest
 import torch
 
 import racecheck
@@ -91,11 +93,20 @@ SCENARIO = Scenario("toy-pipeline", "two-stream toy for the fuzzer's tests", KNO
 
 
 def register():
+    """Add toy-pipeline to the registry (tests and their worker processes call this)."""
     scenarios.names()                           # load the built-in scenarios first
     scenarios._SCENARIOS[SCENARIO.name] = SCENARIO
 
 
-register()
+def unregister():
+    scenarios._SCENARIOS.pop(SCENARIO.name, None)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def toy_registered():
+    register()
+    yield
+    unregister()
 
 
 def test_toy_variants_show_their_races_and_the_fixed_toy_is_clean():

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-import test_fuzz_toy  # noqa: F401  (registers toy-pipeline)
+from test_fuzz_toy import toy_registered  # noqa: F401  (fixture: toy-pipeline registered)
 from racecheck import cli, scenarios
 from racecheck.repro import (FORMAT, finding_key, load_record, make_record, record_filename, replay,
                              save_record)
