@@ -41,27 +41,11 @@ def _ops_step(torch):
     return step
 
 
-def _decode_step(torch, dm, hidden=256, batch=8):
-    w1 = torch.randn(hidden, hidden, device="cuda") / hidden ** 0.5
-    w2 = torch.randn(hidden, hidden, device="cuda") / hidden ** 0.5
-    x = torch.randn(batch, hidden, device="cuda")
-    positions = torch.zeros(batch, dtype=torch.int64, device="cuda")
-    plan_buf = torch.zeros(batch, dtype=torch.int64, device="cuda")
-    out = torch.zeros(batch, hidden, device="cuda")
-    plan_stream = dm.Stream()
-    ready = dm.Event()
-
-    def step():
-        with dm.stream(plan_stream):
-            plan_buf.copy_(positions + 1)
-        ready.record(plan_stream)
-        h = torch.relu(x @ w1) @ w2
-        dm.current_stream().wait_event(ready)
-        positions.copy_(plan_buf)
-        out.copy_(h + positions.unsqueeze(1).to(h.dtype))
-        plan_stream.wait_stream(dm.current_stream())
-        return out[0, 0].item()
-    return step
+def _decode_step(torch, dm):
+    """The decode-like step of gpu_overhead.py (hidden 256 here: more launch-bound)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from gpu_overhead import _decode_step_factory
+    return _decode_step_factory(torch, dm, hidden=256)[0]
 
 
 def worker(config: str, workload: str, iters: int) -> dict:
