@@ -67,6 +67,15 @@ def _fault(exc) -> bool:
     return any(f in text for f in _FAULTS)
 
 
+def _last_error(stderr: str) -> str:
+    """The line of a dead worker's stderr that says what went wrong, else its last line."""
+    lines = [line.strip() for line in (stderr or "").splitlines() if line.strip()]
+    for line in lines:
+        if "error" in line.lower() and not line.startswith("frame #"):
+            return line[:300]
+    return lines[-1][:300] if lines else ""
+
+
 def _cuda_error(exc) -> bool:
     text = f"{type(exc).__name__}: {exc}"
     return "AcceleratorError" in text or "CUDA error" in text or _fault(exc)
@@ -175,7 +184,10 @@ def _drive(spec: dict, budget_end: float, timeout: float) -> list:
                     if t.get("variant") == r.get("variant") and t.get("plan") == "auto":
                         t["plan"] = r["plan"]
         if remaining and not done and not retry and not (restart and lines):
-            results += [dict(t, error=f"worker failed (exit {rc}): {err[-300:]}") for t in remaining[:1]]
+            # The worker died inside this task (an abort from a CUDA error, say): a fault when
+            # its last words name one.
+            results += [dict(t, error=f"worker failed (exit {rc}): {_last_error(err)}",
+                             fault=_fault(err), fatal=True) for t in remaining[:1]]
             remaining = remaining[1:]
     return results
 
@@ -211,6 +223,9 @@ def measure(args) -> dict:
                          budget_end, args.worker_timeout)
             rows[label] = row = _summarize(res)
             if v is not None:
+                var = sc.variant(v)
+                row["value_visible"] = getattr(var, "value_visible", True)
+                row["why_benign"] = getattr(var, "why_benign", "")
                 for h in row.get("plan") or []:
                     if h not in union:
                         union.append(h)
@@ -238,10 +253,15 @@ def _summarize(results: list) -> dict:
             continue
         if r.get("error"):
             row["errors"].append(f"{r.get('kind')}{'/' + r['tag'] if r.get('tag') else ''}: {r['error']}")
-            if r.get("kind") == "run" and r.get("fault"):
-                c = counts[r["tag"]]        # a fault is a wrong result too: the run crashed
+            # A kernel fault is a wrong result too; so is the program failing on its own (a
+            # Python error from racy values) when a race is present. A CUDA error that is no
+            # fault counts nowhere: it says nothing about the program.
+            crashed = r.get("fault") or (r.get("variant") is not None and not r.get("fatal"))
+            if r.get("kind") == "run" and crashed:
+                c = counts[r["tag"]]
                 c[0] += 1
                 c[1] += 1
+                row["crashes"] = row.get("crashes", 0) + 1
             continue
         if r["kind"] == "detect":
             for k in ("sim", "cuda", "expected", "plan", "sim_diff_ok", "cuda_diff_ok",
@@ -271,20 +291,33 @@ def to_markdown(res: dict) -> str:
              f"runs with wrong outputs out of {res['runs']}, without / with producer delays of "
              f"{res['us']:.0f} us (a fault counts as wrong)",
              "",
-             "| scenario | variant | expected | cuda findings | same as sim | wrong, no delay | "
-             "wrong, delayed | delay plan | errors |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| scenario | variant | expected | cuda findings | same as sim | value-visible | "
+             "wrong, no delay | wrong, delayed | delay plan | errors |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    met, visible = [], []
     for name, rows in res["scenarios"].items():
         for label, r in rows.items():
             plan = "; ".join(f"{h['stream']} before {h['op']}" for h in (r.get("plan") or [])) or "-"
             errs = "; ".join(e[:90] for e in r.get("errors", [])[:2])
             if r.get("skipped"):
                 errs = (errs + "; " if errs else "") + r["skipped"]
+            vis = "-" if label == "all-fixes" else ("yes" if r.get("value_visible", True) else "no")
+            if vis == "yes":
+                visible.append(label)
+                w = r.get("wrong_with_delay")
+                if w and w[1] and w[0] >= 0.95 * w[1]:
+                    met.append(label)
             lines.append(f"| {name} | {label} | {_pairs(r.get('expected'))} | "
                          f"{_pairs(r.get('cuda')) if 'cuda' in r else 'n/a'} | "
-                         f"{'yes' if r.get('match') else 'NO'} | {_frac(r.get('wrong_no_delay'))} | "
+                         f"{'yes' if r.get('match') else 'NO'} | {vis} | {_frac(r.get('wrong_no_delay'))} | "
                          f"{_frac(r.get('wrong_with_delay'))} | {plan} | {errs} |")
     lines.append("")
+    lines.append(f"value-visible variants wrong in >= 95% of delayed runs: {len(met)}/{len(visible)}"
+                 + (f" (not: {', '.join(sorted(set(visible) - set(met)))})" if len(met) < len(visible) else ""))
+    for rows in res["scenarios"].values():
+        for label, r in rows.items():
+            if r.get("why_benign"):
+                lines.append(f"- {label} is not value-visible here: {r['why_benign']}")
     lines.append(f"({res['seconds']} s)")
     return "\n".join(lines) + "\n"
 

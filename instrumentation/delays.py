@@ -26,6 +26,10 @@ occurrence) is given; `us` is the length in microseconds. A whole executor plan 
 * npu: `torch_npu.npu._sleep(cycles)` where CANN provides it (aclnnSleep), calibrated the same way;
   a calibrated busy kernel (repeated small matmuls on a private buffer) otherwise.
 
+Launches made while a graph is being captured count, but are never delayed: a sleep queued then
+would either become part of the graph (every replay slowed) or break the capture; hold a graph's
+work back with an `op: "graph_replay"` hold instead.
+
 Warm every kernel before a delayed run (`warm_up(program)`): the first launch of a kernel that
 is not loaded yet serializes streams and can hide the race the delay should expose.
 """
@@ -181,7 +185,7 @@ class DelayPlan:
                 d = by_name.get(key)
                 if d:
                     us += d.get(op_name, 0.0)
-            if us > 0:
+            if us > 0 and session.capture_state() is None:
                 apply_delay(session, stream_tid, us)
                 if len(applied) < 10000:
                     applied.append((name, n, op_name, us))

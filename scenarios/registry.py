@@ -119,7 +119,9 @@ class Variant:
     """The pipeline with one fix switch off, under the knob settings where the engine has that bug.
 
     `expected` lists (rule, tensor) pairs that must be among the findings; `also` lists pairs that
-    may additionally appear (secondary symptoms of the same missing edge).
+    may additionally appear (secondary symptoms of the same missing edge). `value_visible` is
+    False where the race, though real, cannot change this model's outputs (`why_benign` says why):
+    the manifestation measurement expects wrong values only from the others.
     """
 
     name: str
@@ -127,11 +129,14 @@ class Variant:
     expected: list
     description: str
     also: list = field(default_factory=list)
+    value_visible: bool = True
+    why_benign: str = ""
 
     def to_json(self) -> dict:
         return {"name": self.name, "overrides": dict(self.overrides),
                 "expected": [list(p) for p in self.expected], "also": [list(p) for p in self.also],
-                "description": self.description}
+                "description": self.description, "value_visible": self.value_visible,
+                "why_benign": self.why_benign}
 
 
 @dataclass

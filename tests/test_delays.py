@@ -124,3 +124,18 @@ def test_plan_object_roundtrip():
     assert DelayPlan.parse(p) is p and bool(p)
     assert p.to_json() == [{"stream": "default", "op": "mul", "us": 2.0}]
     assert not DelayPlan([])
+
+
+def test_launches_during_graph_capture_are_counted_but_never_delayed():
+    ex = RecordingExecutor()
+    plan = [{"stream": "default", "op": "mul", "us": 5}, {"stream": "default", "before_op": 1, "us": 9}]
+    with racecheck.session(device="sim", executor=ex, delay_plan=plan) as rc:
+        dm = rc.device_module
+        x = torch.ones(4)
+        g = dm.CUDAGraph()
+        with dm.graph(g):
+            y = x * 2                    # launch 0, a "mul", captured: not delayed
+        x.mul_(3)                        # launch 1 on default: delayed
+        g.replay()
+    assert [us for _, us in ex.delays] == [9.0] and not rc.internal_errors
+    del y

@@ -91,7 +91,7 @@ KNOBS = [
 
 ROW_REUSE_SCHEDULE = "0:+2x24;0:+1x2;3:+1x12"
 SMALLER_IN_BUCKET_SCHEDULE = "0:+2x24;0:+1x6;0:+1x24"
-FINISH_NO_REUSE_SCHEDULE = "0:+3x8;0:+1x3"
+FINISH_NO_REUSE_SCHEDULE = "0:+3x24;0:+1x3"
 
 VARIANTS = [
     Variant("no-draft_done_event", {"draft_done_event": False, "plan_stream": True},
@@ -122,14 +122,20 @@ VARIANTS = [
     Variant("no-war_barrier", {"war_barrier": False, "schedule": ROW_REUSE_SCHEDULE},
             [("RC002", "req_to_token")],
             "a finished request's req_to_token row goes to a joining request while the forward that "
-            "still ran the finished request may be reading it (value-benign here: only the finished "
-            "request's discarded step can see the new row)"),
+            "still ran the finished request may be reading it",
+            value_visible=False,
+            why_benign="only the finished request's discarded last step can read the reused row"),
     Variant("no-record_stream_keepalive", {"record_stream_keepalive": False, "plan_stream": True},
             [("RC005", "out_cache_loc")],
             "no record_stream and no keep-alive ring: plan-stream and schedule-stream allocations "
             "used by the forward stream go back to their pool too early",
             also=[("RC005", "input_ids"), ("RC005", "positions"), ("RC005", "seq_lens"),
-                  ("RC005", "req_pool_indices"), ("RC005", "kv_indices"), ("RC005", "mrope_positions")]),
+                  ("RC005", "req_pool_indices"), ("RC005", "kv_indices"), ("RC005", "mrope_positions")],
+            value_visible=False,
+            why_benign="the freed blocks go back to the plan and schedule streams' pools, and the next "
+                       "allocation there comes after those streams wait on the forward stream (the "
+                       "loop-top barrier, the plan stream's wait at the next decode): the reuse is "
+                       "ordered, the early free is not"),
 ]
 
 

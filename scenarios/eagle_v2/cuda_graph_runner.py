@@ -153,7 +153,8 @@ class CudaGraphRunner:
         b = self.buffers
         init_forward_metadata(self.model_runner.req_to_token_pool.req_to_token,
                               b.req_pool_indices[:bs], b.seq_lens[:bs],
-                              self.model_runner.col_ids, out=b.kv_indices[:bs])
+                              self.model_runner.col_ids, out=b.kv_indices[:bs],
+                              seq_lens_cpu=b.seq_lens_cpu[:bs] if fb.seq_lens_cpu is not None else None)
         self.raw_bs, self.bs = raw_bs, bs
         fb.mark_forward_metadata_ready()
 

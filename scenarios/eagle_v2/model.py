@@ -160,3 +160,14 @@ class SpecTree:
             t["side"] = torch.tensor(self.side + [[-1] * (self.topk - 1)], dtype=torch.int64,
                                      device=device)
         return t
+
+
+def index_put_last_wins(dst, index, values, spare: int = 0):
+    """`dst[index] = values`, where of repeated indices the last row wins on every device.
+
+    A padded graph row that points at a live request's slot writes that slot too. The CPU keeps
+    the last write of a repeated index; a GPU kernel keeps an unspecified one. Sending every
+    earlier duplicate to the `spare` row (the reserved slot) makes all devices agree with the CPU.
+    """
+    later = (index.unsqueeze(0) == index.unsqueeze(1)).triu(1).any(1)
+    dst.index_put_((torch.where(later, spare, index),), values)

@@ -7,8 +7,8 @@ import racecheck
 
 from .cuda_graph_runner import CudaGraphRunner
 from .mem_cache import KVPools, ReqToTokenPool, TokenToKVPoolAllocator
-from .model import (MOD, IMG_TOKEN, SpecTree, draft_base, encoder_features, kv_value, rope_term,
-                    ssm_input, target_next, token_embedding)
+from .model import (MOD, IMG_TOKEN, SpecTree, draft_base, encoder_features, index_put_last_wins,
+                    kv_value, rope_term, ssm_input, target_next, token_embedding)
 from .piecewise_cuda_graph_runner import LogitsProcessorOutput, PiecewiseCudaGraphRunner
 
 PREFILL_TOKEN_BUCKETS = (8, 16, 32, 64)
@@ -35,7 +35,7 @@ class TinyTargetModel:
         state = pools.mamba_state[req_pool_indices]
         path_input = (custom_mask * ssm_input(input_ids, positions).view(bs, 1, ndt)).sum(2)
         node_state = (state.unsqueeze(1) + path_input) % MOD
-        pools.intermediate_ssm_state.index_put_((req_pool_indices,), node_state)
+        index_put_last_wins(pools.intermediate_ssm_state, req_pool_indices, node_state)
         nxt = target_next(draft_base(input_ids, positions).view(bs, ndt), node_state, attn)
         return nxt.reshape(-1), node_state.reshape(-1)
 
