@@ -34,6 +34,7 @@ session each traced event costs a no-op Python call.
 """
 from __future__ import annotations
 
+import gc
 import threading
 
 import torch
@@ -116,10 +117,11 @@ def hook_trace(trace, style: str, activate) -> frozenset:
 class _Capture:
     """Ops recorded while a graph is captured: the accesses every replay will make."""
 
-    __slots__ = ("graph", "ops", "prev")
+    __slots__ = ("graph", "ops", "prev", "gc_was_enabled")
 
     def __init__(self, graph, prev):
         self.graph, self.ops, self.prev = graph, [], prev
+        self.gc_was_enabled = True
 
     def add(self, captured, func, args, kwargs, out):
         self.ops.append(captured)
@@ -558,6 +560,11 @@ class DeviceBackend:
                     s = b.session
                     cap = _Capture(g, None)
                     cap.prev = s.set_capture_state(cap)
+                    cap.gc_was_enabled = gc.isenabled()
+                    # The instrumentation makes Python garbage on every op; a collection during
+                    # capture can free a pinned host block (an event record on the capturing
+                    # stream), which invalidates the program's capture.
+                    gc.disable()
                     b._capturing += 1
                 return out
             return capture_begin
@@ -573,6 +580,8 @@ class DeviceBackend:
                     if mine:
                         s.set_capture_state(cap.prev)
                         b._capturing -= 1
+                        if cap.gc_was_enabled:
+                            gc.enable()
                 if mine and b._live():
                     gid = s.new_graph_id()
                     g.__dict__[_GID_ATTR] = (b._token, gid)
