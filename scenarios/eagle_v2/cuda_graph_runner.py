@@ -154,7 +154,8 @@ class CudaGraphRunner:
         init_forward_metadata(self.model_runner.req_to_token_pool.req_to_token,
                               b.req_pool_indices[:bs], b.seq_lens[:bs],
                               self.model_runner.col_ids, out=b.kv_indices[:bs],
-                              seq_lens_cpu=b.seq_lens_cpu[:bs] if fb.seq_lens_cpu is not None else None)
+                              seq_lens_cpu=b.seq_lens_cpu[:bs] if fb.seq_lens_cpu is not None else None,
+                              ctx=self.ctx)
         self.raw_bs, self.bs = raw_bs, bs
         fb.mark_forward_metadata_ready()
 

@@ -227,7 +227,8 @@ class EagleWorkerV2:
             graph_runner.replay_prepare(fb)
         else:
             fb.kv_indices = init_forward_metadata(self.req_to_token, fb.req_pool_indices, fb.seq_lens,
-                                                  self.model_runner.col_ids, seq_lens_cpu=fb.seq_lens_cpu)
+                                                  self.model_runner.col_ids, seq_lens_cpu=fb.seq_lens_cpu,
+                                                  ctx=self.ctx)
         return fb, can_run_graph
 
     def eagle_sample(self, batch, fb, logits_output) -> GenerationBatchResult:

@@ -9,6 +9,7 @@ import torch
 import racecheck
 
 from .schedule_batch import ForwardMode
+from .utils import h2d
 
 
 @dataclass(eq=False)
@@ -70,14 +71,15 @@ class ForwardBatch:
 
 
 def init_forward_metadata(req_to_token, req_pool_indices, seq_lens, col_ids, out=None,
-                          seq_lens_cpu=None):
+                          seq_lens_cpu=None, ctx=None):
     """Attention metadata out of graph: each row's KV slots `req_to_token[r, :seq_len]` (clamped).
 
-    A backend that plans on the host (#26128) takes the lengths from the `seq_lens_cpu` mirror:
-    a stale mirror gives a wrong KV range, as it would for the engine's attention plan.
+    A backend that plans on the host (#26128) takes the lengths from the `seq_lens_cpu` mirror,
+    uploaded without a host sync: a stale mirror gives a wrong KV range, as it would for the
+    engine's attention plan.
     """
     if seq_lens_cpu is not None:
-        seq_lens = torch.tensor(seq_lens_cpu, dtype=torch.int64, device=seq_lens.device)
+        seq_lens = h2d(ctx, seq_lens_cpu)
     last = (seq_lens - 1).clamp(min=0)
     cols = torch.minimum(col_ids.unsqueeze(0), last.unsqueeze(1))
     kv_indices = req_to_token[req_pool_indices.unsqueeze(1), cols]
