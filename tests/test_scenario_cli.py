@@ -29,7 +29,7 @@ def test_run_variant_shows_its_bug_with_no_other_flag(capsys, tmp_path):
     assert "RC001" in out and "compute_spec_mrope_positions" in out and "plan_stream" in out
     assert "repro: racecheck run eagle-v2 --variant no-mrope_recompute" in out
     doc = json.loads(report.read_text())
-    assert any(f["rule"] == "RC001" and f["tensor"] == "positions" for f in doc["findings"])
+    assert any(f["rule"] == "RC001" and f["tensor"] == "mrope_positions" for f in doc["findings"])
 
 
 def test_run_lost_field_fails_on_the_differential_oracle(capsys):

@@ -218,6 +218,6 @@ def test_same_code_on_the_npu_stand_in():
     lines = out.stdout.strip().splitlines()
     assert lines == [
         "None [] True",
-        "no-mrope_recompute [('RC001', 'positions')] True",
+        "no-mrope_recompute [('RC001', 'mrope_positions')] True",
         "no-req_pool_padding_zero [('DIFF', 'accept_lens'), ('DIFF', 'output_ids'), ('RC006', 'req_pool_indices')] False",
     ], out.stdout

@@ -15,7 +15,7 @@ SWITCHES = [
            "draft_token, positions, tree_mask, predict", "RC001",
            "event after draft() (and after sampling) that the plan stream waits on before reading "
            "the draft's outputs"),
-    Switch("mrope_recompute", "sglang #23423 (NPU only upstream)", "positions -> mrope_positions", "RC001",
+    Switch("mrope_recompute", "sglang #23423 (NPU only upstream)", "mrope_positions", "RC001",
            "compute mrope_positions on the forward stream after the plan-stream join and copy them "
            "into the graph buffer, instead of in init_new on the plan stream"),
     Switch("req_pool_padding_zero", "sglang #26292", "req_pool_indices", "RC006",
@@ -100,9 +100,10 @@ VARIANTS = [
             "stream may still be writing; the draft-extend prep reads predict before sampling finished"),
     Variant("no-mrope_recompute", {"mrope_recompute": False, "plan_stream": True, "mrope": True,
                                    "multimodal": True},
-            [("RC001", "positions")],
-            "plan stream on, mrope model: init_new on plan_stream computes mrope_positions from the "
-            "draft's positions before any wait (the finding's read is in compute_spec_mrope_positions)"),
+            [("RC001", "mrope_positions")],
+            "plan stream on, mrope model: init_new on plan_stream computes mrope_positions before "
+            "any wait; their text rows are a view of the draft's positions, which the forward "
+            "stream may still be writing"),
     Variant("no-req_pool_padding_zero",
             {"req_pool_padding_zero": False, "schedule": SMALLER_IN_BUCKET_SCHEDULE},
             [("RC006", "req_pool_indices")],

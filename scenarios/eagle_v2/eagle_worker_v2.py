@@ -12,8 +12,9 @@ Plan-stream edges in this model:
   graph buffers; and likewise an event after sampling before the draft-extend prep reads `predict`
   (the same missing producer edge, open issue #40025).
 * `mrope_recompute` (#23423, NPU only upstream): `init_new` on the plan stream computes
-  `mrope_positions` from the draft's `positions` before any wait; the fix defers it to the forward
-  stream after the join and copies the result into the graph buffer.
+  `mrope_positions` (text rows: a view of the draft's `positions`) before any wait; the fix
+  defers it to the forward stream after the join and copies the result into the graph buffer.
+  Upstream the fix coexisted with #21940's wait, so here that wait comes after `init_new`.
 """
 from __future__ import annotations
 

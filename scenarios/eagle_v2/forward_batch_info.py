@@ -60,11 +60,20 @@ class ForwardBatch:
         return ret
 
     def compute_spec_mrope_positions(self, model_runner, batch) -> None:
-        """mrope positions of the draft tree: the spec `positions` shifted by each request's delta."""
+        """mrope positions of the draft tree.
+
+        A text token's three mrope axes all equal its 1-D position, so the text rows are a
+        stride-0 view of the spec `positions` (upstream's text-only fast path returns just that
+        view); a batch with images shifts each request's rows by its `mrope_position_delta`.
+        """
+        text = racecheck.name(self.positions.view(1, -1).expand(3, -1), "mrope_positions")
+        if all(r.image_id is None for r in batch.reqs):
+            self.mrope_positions = text
+            return
         ndt = self.positions.numel() // self.batch_size
         delta = model_runner.pools.mrope_position_delta[batch.req_pool_indices]
-        shifted = self.positions.view(self.batch_size, ndt) + delta.unsqueeze(1)
-        self.mrope_positions = racecheck.name(shifted.reshape(1, -1).repeat(3, 1), "mrope_positions")
+        per_token = delta.unsqueeze(1).expand(-1, ndt).reshape(1, -1)
+        self.mrope_positions = racecheck.name(text + per_token, "mrope_positions")
 
     def mark_forward_metadata_ready(self) -> None:
         self.forward_metadata_ready = True
