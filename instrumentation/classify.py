@@ -69,16 +69,19 @@ class OpClass:
 
     __slots__ = ("name", "args", "out_roles", "inplace_self", "index", "no_access",
                  "is_view", "is_copy", "is_scalar_read", "data_dependent", "factory_meta_self",
-                 "metadata_inplace", "has_pin_memory")
+                 "metadata_inplace", "has_pin_memory", "plain_args", "arg_names")
 
     def __init__(self, func):
         schema = func._schema
         self.name = name = schema.name.split("::")[-1]
         self.factory_meta_self = name.startswith("new_") or name.endswith("_like")
         args = []
+        plain = True
         for i, a in enumerate(schema.arguments):
             if not _is_tensor_type(a.type):
                 continue
+            if a.kwarg_only or str(a.type).startswith("List"):
+                plain = False
             ai = a.alias_info
             if ai is not None and ai.is_write:
                 # `out=` arguments and pure overwrites only write; other in-place ops read first
@@ -107,6 +110,11 @@ class OpClass:
         self.is_copy = name == "copy_"
         self.is_scalar_read = name == "_local_scalar_dense"
         self.data_dependent = name in DATA_DEPENDENT
+        # Positional single-tensor arguments, none metadata-only, not an index op: the
+        # interceptor's fast plan unpacks these as (position, role) without the generic loop.
+        self.plain_args = tuple((i, role) for i, _, _, role in args) if (
+            plain and self.index is None and all(role != META for *_, role in args)) else None
+        self.arg_names = frozenset(a[1] for a in args)
 
 
 _cache: dict = {}

@@ -42,10 +42,14 @@ class StorageRegistry:
     def lookup(self, t: torch.Tensor, host: bool = False):
         """(sid, is_host) of t's storage, registering it on first sight."""
         st = t.untyped_storage()
-        key = st._cdata
-        entry = self._by_cdata.get(key)
+        entry = self._by_cdata.get(st._cdata)
         if entry is not None:
             return entry[0], entry[2]
+        return self.register(t, st, host)
+
+    def register(self, t: torch.Tensor, st, host: bool = False):
+        """(sid, is_host) of a storage `st` (t's) not seen before."""
+        key = st._cdata
         host = host or self.new_are_host or (self.host_of is not None and self.host_of(t))
         sid = self._next
         self._next += 1
@@ -154,6 +158,7 @@ class FootprintMaker:
         self.token = next(_tokens)       # cache entries of another session's maker are stale
         self._by_cdata = registry._by_cdata
         self._cache: dict = {}
+        self._slices: dict = {}
         self.born_attr = "_racecheck_born"
 
     def of(self, t: torch.Tensor) -> Footprint | None:
@@ -181,9 +186,10 @@ class FootprintMaker:
         n = t.numel()
         if n == 0:
             return None
-        entry = self._by_cdata.get(t.untyped_storage()._cdata)
+        st = t.untyped_storage()
+        entry = self._by_cdata.get(st._cdata)
         if entry is None:
-            sid, host = self.registry.lookup(t)
+            sid, host = self.registry.register(t, st)
         else:
             sid, host = entry[0], entry[2]
         itemsize = t.element_size()
@@ -198,6 +204,23 @@ class FootprintMaker:
                 self._cache.clear()
             hit = self._cache[key] = strided_ranges(off, t.shape, t.stride(), itemsize)
         return Footprint(sid, hit[0], host, hit[1], born)
+
+    def slice_ranges(self, t: torch.Tensor, d: int):
+        """(byte ranges of t's first slice along dim d, bytes between slices), or (None, None)
+        when that slice is not exact; cached per view geometry (index ops on one buffer repeat)."""
+        itemsize = t.element_size()
+        key = (t.storage_offset(), t.shape, t.stride(), itemsize, d)
+        hit = self._slices.get(key)
+        if hit is None:
+            sizes = list(t.shape)
+            strides = list(t.stride())
+            sizes[d] = 1
+            base, approx = strided_ranges(key[0], sizes, strides, itemsize)
+            hit = (None, None) if approx is not None else (base, strides[d] * itemsize)
+            if len(self._slices) > _CACHE_LIMIT:
+                self._slices.clear()
+            self._slices[key] = hit
+        return hit
 
     def of_positions(self, t: torch.Tensor, pos: torch.Tensor) -> Footprint | None:
         """Footprint of the storage elements `pos` of t's storage."""

@@ -12,9 +12,10 @@ import torch
 
 from racecheck.trace import Footprint
 
-from .footprints import MAX_INDEX_ELEMS, FootprintMaker, _merge, element_positions, strided_ranges
+from .footprints import MAX_INDEX_ELEMS, FootprintMaker, _merge, element_positions
 
 MAX_FAST_INDICES = 4096
+_tolist = torch._C.TensorBase.tolist     # racecheck's own read: not the session's patched method
 
 
 def _slice_dim_and_index(name, self_t, args):
@@ -51,7 +52,7 @@ def _fast(maker: FootprintMaker, name, self_t, args):
         return None
     size = self_t.shape[d]
     rows = set()
-    for r in ix.reshape(-1).tolist():
+    for r in _tolist(ix if ix.dim() == 1 else ix.reshape(-1)):
         r = int(r)
         if r < 0:
             r += size
@@ -60,18 +61,31 @@ def _fast(maker: FootprintMaker, name, self_t, args):
         rows.add(r)
     if not rows:
         return ()
-    itemsize = self_t.element_size()
-    sizes = list(self_t.shape)
-    strides = list(self_t.stride())
-    step = strides[d] * itemsize
-    sizes[d] = 1
-    base, approx = strided_ranges(self_t.storage_offset(), sizes, strides, itemsize)
-    if approx is not None:
+    base, step = maker.slice_ranges(self_t, d)
+    if base is None:
         return None
     if len(base) == 1:
-        lo, hi = base[0]
-        return _merge([[lo + r * step, hi + r * step] for r in rows])
+        return _shifted(rows, base[0], step)
     return _merge([[lo + r * step, hi + r * step] for r in rows for lo, hi in base])
+
+
+def _shifted(rows, base, step: int) -> tuple:
+    """Merged byte ranges of [lo, hi) shifted by r * step for each row r (step >= 0, so
+    sorted rows give sorted ranges: the same result as `_merge`, without its sort)."""
+    lo0, hi0 = base
+    out = []
+    last = -1
+    for r in sorted(rows):
+        lo = lo0 + r * step
+        hi = hi0 + r * step
+        if lo <= last:
+            if hi > last:
+                out[-1] = (out[-1][0], hi)
+                last = hi
+        else:
+            out.append((lo, hi))
+            last = hi
+    return tuple(out)
 
 
 def touched_positions(name: str, self_t: torch.Tensor, args) -> torch.Tensor:

@@ -1,11 +1,14 @@
 """The dispatch mode: every ATen op becomes a trace event with exact footprints.
 
 Backend-agnostic: the backend says which stream is current, whether a tensor is host memory,
-and how an op executes (eagerly, or queued by an adversarial executor). One op costs one
-classification lookup (cached per overload), one footprint per tensor argument (O(1) for
-contiguous tensors), a short stack walk and one checker call.
+and how an op executes (eagerly, or queued by an adversarial executor). One op costs one plan
+lookup (a plan is made once per overload; plain kernels get one compiled for their signature),
+one footprint per tensor argument (cached on the tensor), a short stack walk and one queued
+event (the session hands events to the checker in batches).
 """
 from __future__ import annotations
+
+import linecache
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -14,6 +17,7 @@ from racecheck.trace import CapturedOp, Copy, HostAccess, Kernel
 
 from . import stacks
 from .classify import META, READ_WRITE, WRITE, classify, iter_out_tensors
+from .footprints import CACHE_ATTR
 from .indexops import index_footprint
 
 BORN_ATTR = "_racecheck_born"
@@ -33,8 +37,32 @@ def _blocking_transfer(kwargs, reads, writes) -> bool:
     return any(f.host for f in reads) or any(f.host for f in writes)
 
 
+def _dynamo_guard():
+    """(set_eval_frame, skip_code) from torch's C API, or None where this torch lacks them.
+
+    TorchDispatchMode wraps every `__torch_dispatch__` in `torch._disable_dynamo` so that
+    torch.compile never traces into a mode; that Python wrapper is a sizeable part of what a
+    do-nothing mode costs per op. The same guarantee for less: the method's code is marked
+    skipped for Dynamo, and the method runs its body with the frame callback switched off.
+    """
+    try:
+        from torch._C._dynamo import eval_frame as ef
+        strategy = ef._FrameExecStrategy(ef._FrameAction.SKIP, ef._FrameAction.DEFAULT)
+        return ef.set_eval_frame, lambda code: ef.set_code_exec_strategy(code, strategy)
+    except (ImportError, AttributeError, TypeError, RuntimeError):
+        return None
+
+
+_GUARD = _dynamo_guard()
+_set_eval_frame = _GUARD[0] if _GUARD is not None else (lambda callback: None)
+
+
 class Interceptor(TorchDispatchMode):
     """One per host thread; all of them feed the same session."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return _GUARD is None     # torch's own (slower) wrapper only where ours is unavailable
 
     def __init__(self, session, backend):
         super().__init__()
@@ -42,52 +70,69 @@ class Interceptor(TorchDispatchMode):
         self.backend = backend
         self.fp = session.footprints.of
         self.maker = session.footprints
-        self._plans: dict = {}
+        self._plans: dict = {}       # id(func) -> plan; the OpOverload is kept alive in _funcs
+        self._funcs: list = []
         # Optional backend hooks (real devices): the stream an op runs on depends on its tensors'
         # device; index values may live on the device (footprint resolved later); pinned memory
         # is real there (sim strips the flag: a CPU-only torch cannot pin).
         self._op_stream = getattr(backend, "op_stream_tid", None)
         self._index_fp = getattr(backend, "index_footprint", None) or index_footprint
         self._strip_pin = getattr(backend, "strip_pin_memory", True)
+        self._queued = getattr(getattr(backend, "executor", None), "deferred_footprints", False)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        s = self.session
-        if kwargs is None:
-            kwargs = {}
-        if not s.checking:
-            return self.backend.execute_plain(func, args, kwargs)
+        prior = _set_eval_frame(None)
         try:
-            plan = self._plan(func, args, kwargs)
-        except Exception as exc:  # a bug in racecheck must never change the program's results
-            s.internal_error(exc, f"while classifying {func}")
-            return self.backend.execute_plain(func, args, kwargs)
-        if plan is None:
-            return self.backend.execute_plain(func, args, kwargs)
-        return plan(func, args, kwargs)
+            if kwargs is None:
+                kwargs = {}
+            if not self.session.checking:
+                return self.backend.execute_plain(func, args, kwargs)
+            plan = self._plans.get(id(func))
+            if plan is None:
+                try:
+                    plan = self._plan(func)
+                except Exception as exc:  # a bug in racecheck must never change the program's results
+                    self.session.internal_error(exc, f"while classifying {func}")
+                    return self.backend.execute_plain(func, args, kwargs)
+            return plan(func, args, kwargs)
+        finally:
+            _set_eval_frame(prior)
 
     # -- op planning -------------------------------------------------------------------------
 
-    def _plan(self, func, args, kwargs):
+    def _plan(self, func):
         oc = classify(func)
-        if oc.has_pin_memory and kwargs.get("pin_memory"):
-            return self._pinned_factory
-        plan = self._plans.get(func)
-        if plan is None:
-            plan = self._plans[func] = self._plan_for(oc)
+        plan = self._special_plan(oc)
+        if plan is None:        # a kernel; its plan checks pin_memory itself (no wrapper frame)
+            fast = oc.plain_args is not None and not oc.data_dependent and oc.name != "_to_copy"
+            plan = _fast_kernel(self, oc, func) if fast else _generic_kernel(self, oc)
+        elif oc.has_pin_memory:
+            plan = self._unless_pinned(plan)
+        self._funcs.append(func)
+        self._plans[id(func)] = plan
         return plan
 
-    def _plan_for(self, oc):
+    def _special_plan(self, oc):
         if oc.metadata_inplace:
             return self._metadata_inplace
         if oc.is_view:
             return self._view
         if oc.no_access:
-            return self.backend.special_ops.get(oc.name)
+            return self.backend.special_ops.get(oc.name) or self.backend.execute_plain
         if oc.is_copy:
             return self._copy
         if oc.is_scalar_read:
             return self._scalar_read
-        return self._kernel
+        return None
+
+    def _unless_pinned(self, plan):
+        pinned = self._pinned_factory
+
+        def plan_or_pinned(func, args, kwargs):
+            if kwargs.get("pin_memory"):
+                return pinned(func, args, kwargs)
+            return plan(func, args, kwargs)
+        return plan_or_pinned
 
     def _metadata_inplace(self, func, args, kwargs):
         out = self.backend.execute_plain(func, args, kwargs)
@@ -123,10 +168,11 @@ class Interceptor(TorchDispatchMode):
         if not isinstance(src, torch.Tensor):
             return self._kernel(func, args, kwargs)
         reg = self.maker.registry
-        dst_host = reg.lookup(dst)[1]
-        src_host = reg.lookup(src)[1]
+        dfp = self.fp(dst)       # registers the storage, unless the tensor is empty
+        dst_host = dfp.host if dfp is not None else reg.lookup(dst)[1]
+        sfp = self.fp(src)
+        src_host = sfp.host if sfp is not None else reg.lookup(src)[1]
         stack = stacks.capture()
-        dfp, sfp = self.fp(dst), self.fp(src)
         capture = s.capture_state()
         if capture is not None:
             capture.add(CapturedOp((sfp,) if sfp else (), (dfp,) if dfp else (), "copy_", stack),
@@ -157,9 +203,10 @@ class Interceptor(TorchDispatchMode):
         self.session.host_read(args[0], "item", stacks.capture())
         return self.backend.execute_plain(func, args, kwargs)
 
-    def _kernel(self, func, args, kwargs):
+    def _kernel(self, func, args, kwargs, oc=None):
         s = self.session
-        oc = classify(func)
+        if oc is None:
+            oc = classify(func)
         fp = self.fp
         reads = []
         writes = []
@@ -170,6 +217,7 @@ class Interceptor(TorchDispatchMode):
         deferred = None
         pend = None
         nargs = len(args)
+        capture = s.capture_state()     # an op cannot start or end a capture
         for i, name, kwarg_only, role in oc.args:
             v = args[i] if (i < nargs and not kwarg_only) else (kwargs.get(name) if kwargs else None)
             if v is None:
@@ -188,14 +236,14 @@ class Interceptor(TorchDispatchMode):
                     first = False
                     continue
                 if first and index is not None:
-                    if s.capture_state() is None and self._deferred():
+                    if capture is None and self._queued:
                         # Queued execution: the index values are final only when the op runs.
                         self.maker.registry.lookup(t)
                         deferred = (role, len(writes) if role == WRITE else len(reads))
                         first = False
                         any_device = any_device or not self.maker.registry.is_host(t)
                         continue
-                    if s.capture_state() is None:
+                    if capture is None:
                         with s.internal_reads():
                             f = self._index_fp(self.maker, oc.name, t, args)
                         if f is not None and hasattr(f, "resolver"):
@@ -220,7 +268,6 @@ class Interceptor(TorchDispatchMode):
                 else:
                     reads.append(f)
         stack = stacks.capture()
-        capture = s.capture_state()
         if any_tensor and not any_device:
             if deferred is not None:     # host memory only: runs now, its indices are final
                 role, pos = deferred
@@ -271,9 +318,6 @@ class Interceptor(TorchDispatchMode):
 
     # -- queued executors (sim's adversarial executor) ------------------------------------------
 
-    def _deferred(self) -> bool:
-        return getattr(getattr(self.backend, "executor", None), "deferred_footprints", False)
-
     def _deferred_index_kernel(self, func, args, kwargs, oc, stream, reads, writes, deferred, stack):
         """An index op under a queued executor: its footprint is taken when it runs (when its
         index values are final); the Kernel still reaches the checker in host issue order."""
@@ -305,3 +349,112 @@ class Interceptor(TorchDispatchMode):
 
         s.emit_pending(None, resolve)
         return out
+
+
+if _GUARD is not None:
+    _GUARD[1](Interceptor.__torch_dispatch__.__code__)
+
+
+def _generic_kernel(icp: Interceptor, oc):
+    kernel = icp._kernel
+    pinned = icp._pinned_factory if oc.has_pin_memory else None
+
+    def plan(func, args, kwargs):
+        if pinned is not None and kwargs.get("pin_memory"):
+            return pinned(func, args, kwargs)
+        return kernel(func, args, kwargs, oc)
+    return plan
+
+
+def _fast_kernel(icp: Interceptor, oc, func):
+    """The plan of an op whose tensor arguments are all positional single tensors.
+
+    Compiled once per op overload with the argument unpacking unrolled (the roles are known, so
+    no loop and no role tests per call), and the device path taken directly; anything unusual
+    (graph capture, host memory, an empty tensor, a tensor passed by keyword, an omitted trailing
+    argument) goes to the generic `Interceptor._kernel`, which recomputes the same footprints
+    from the tensors' caches.
+    """
+    s = icp.session
+    backend = icp.backend
+    env = {
+        "s": s, "tls": s._tls, "fp": icp.fp, "tok": icp.maker.token, "attr": CACHE_ATTR,
+        "tensor": torch.Tensor, "oc": oc, "names": oc.arg_names, "name": oc.name,
+        "kernel": icp._kernel, "pinned": icp._pinned_factory if oc.has_pin_memory else None,
+        "capture": stacks.capture, "current": backend.current_stream_tid,
+        "op_stream": icp._op_stream, "execute": backend.execute, "emit": s.emit,
+        "call": getattr(func, "_op", func),     # the C++ op behind the OpOverload: a frame less
+        "iter_out_tensors": iter_out_tensors, "Kernel": Kernel, "_present": _present,
+    }
+    src = _plan_source(oc, getattr(backend, "runs_at_issue", False), icp._op_stream is not None)
+    # Named after this file, so that stack capture counts the plan's frame as racecheck's own;
+    # its source goes to linecache, so that a traceback through it (an op that raises) reads well.
+    filename = f"{__file__}:plan[{oc.name}]"
+    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+    exec(compile(src, filename, "exec"), env)
+    return env["plan"]
+
+
+def _present(*fps) -> tuple:
+    return tuple(f for f in fps if f is not None)
+
+
+_ARG = """\
+    t = args[{i}]
+    if isinstance(t, tensor):
+        hit = t.__dict__.get(attr)
+        if hit is not None and hit[0] == tok and hit[1] == t.data_ptr():
+            {f} = hit[2]
+        else:
+            {f} = fp(t)
+            if {f} is None:
+                return kernel(func, args, kwargs, oc)
+        if {f}.host:
+            return kernel(func, args, kwargs, oc)
+    else:
+        {f} = None      # a Python scalar (or None) where the schema says Tensor"""
+
+
+def _plan_source(oc, direct: bool, by_device: bool) -> str:
+    """Source of a fast plan for `oc` (see _fast_kernel)."""
+    fs = [f"f{k}" for k in range(len(oc.plain_args))]
+    reads = [f for f, (_, role) in zip(fs, oc.plain_args) if role != WRITE]
+    writes = [f for f, (_, role) in zip(fs, oc.plain_args) if role in (WRITE, READ_WRITE)]
+    need = max((i for i, _ in oc.plain_args), default=-1) + 1
+    src = ["def plan(func, args, kwargs):",
+           "    if kwargs:",
+           "        if pinned is not None and kwargs.get('pin_memory'):",
+           "            return pinned(func, args, kwargs)",
+           "        if not names.isdisjoint(kwargs):",
+           "            return kernel(func, args, kwargs, oc)",
+           "    if tls.capture is not None" + (f" or len(args) < {need}:" if need else ":"),
+           "        return kernel(func, args, kwargs, oc)"]
+    src += [_ARG.format(i=i, f=f) for f, (i, _) in zip(fs, oc.plain_args)]
+    src += ["    stack = capture()",
+            "    stream = " + ("op_stream(args, kwargs)" if by_device else "current()"),
+            "    hook = s.before_launch",
+            "    if hook is not None:",
+            "        hook(stream, name)",
+            "    out = " + ("call(*args, **kwargs)" if direct
+                           else "execute(stream, func, args, kwargs)")]
+    src += [f"    reads = ({''.join(f + ', ' for f in reads)})",
+            f"    writes = ({''.join(f + ', ' for f in writes)})"]
+    if fs:
+        src += [f"    if {' or '.join(f + ' is None' for f in fs)}:",
+                f"        reads = _present({', '.join(reads)})",
+                f"        writes = _present({', '.join(writes)})"]
+    if oc.out_roles == (WRITE,):
+        src += ["    if isinstance(out, tensor):",
+                "        f = fp(out)",
+                "        if f is not None:",
+                "            writes += (f,)",
+                "    else:",
+                "        writes += _present(*map(fp, iter_out_tensors(oc, out)))"]
+    elif WRITE in oc.out_roles:
+        src += ["    writes += _present(*map(fp, iter_out_tensors(oc, out)))"]
+    src += ["    thread = tls.tid",
+            "    if thread is None:",
+            "        thread = s.thread_tid()",
+            "    emit(Kernel(thread, stream, reads, writes, name, stack))",
+            "    return out"]
+    return "\n".join(src) + "\n"

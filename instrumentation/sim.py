@@ -340,6 +340,11 @@ class SimBackend:
     def execute_plain(func, args, kwargs):
         return func(*args, **kwargs)
 
+    @property
+    def runs_at_issue(self) -> bool:
+        """execute(stream, func, args, kwargs) is func(*args, **kwargs) (the eager executor)."""
+        return self.executor.eager
+
     def execute(self, stream_tid, func, args, kwargs):
         ex = self.executor
         if ex.eager:

@@ -42,6 +42,7 @@ def mark_internal(directory: str) -> None:
     _extra_internal.append(os.path.abspath(directory) + os.sep)
     _internal.clear()
     _offsets.clear()
+    _last.clear()
 
 
 def _is_internal(filename: str) -> bool:
@@ -82,22 +83,19 @@ def capture(limit: int = 6, skip: int = 2) -> tuple:
     off = _offsets.get(key)
     if off is not None:
         try:
-            f = getframe(skip + off)
-            # the frame just inside must be ours, or the path is shallower than the one learned
-            below = getframe(skip + off - 1) if off else None
+            if off:
+                below = getframe(skip + off - 1)
+                # the frame just inside must be ours, or the path is shallower than the one learned
+                inside = _internal.get(below.f_code.co_filename)
+                f = below.f_back if (inside or (inside is None and _inside(below.f_code))) else None
+            else:
+                f = getframe(skip)
         except ValueError:
             f = None
-        if f is not None and not _inside(f.f_code) and (below is None or _inside(below.f_code)):
-            out = [(f.f_code, f.f_lasti)]
-            f = f.f_back
-            while f is not None:
-                code = f.f_code
-                if not _inside(code):
-                    out.append((code, f.f_lasti))
-                    if len(out) >= limit:
-                        break
-                f = f.f_back
-            return tuple(out)
+        if f is not None:
+            inside = _internal.get(f.f_code.co_filename)
+            if inside is False or (inside is None and not _inside(f.f_code)):
+                return _walk(f, limit)
     try:
         f = getframe(skip)
     except ValueError:
@@ -118,3 +116,59 @@ def capture(limit: int = 6, skip: int = 2) -> tuple:
     if first is not None:
         _offsets[key] = first
     return tuple(out)
+
+
+# First user frame (code id, bytecode offset) -> the stack captured there last: a loop issuing
+# an op from one line sees the same frames again and again, and comparing them costs less than
+# building (and later freeing) new tuples. Entries hold their code objects (no id is reused).
+_last: dict = {}
+_LAST_LIMIT = 4096
+
+
+def _walk(f, limit: int, internal=_internal) -> tuple:
+    """Up to `limit` user frames from the user frame f outwards."""
+    get = internal.get
+    code = f.f_code
+    site = (id(code), f.f_lasti)
+    prev = _last.get(site)
+    out = []
+    if prev is not None and prev[0][0] is code:
+        n = len(prev)
+        k = 1
+        if k == limit:
+            return prev[:1]
+        f = f.f_back
+        while True:
+            while f is not None:          # to the next user frame
+                inside = get(f.f_code.co_filename)
+                if inside is None:
+                    inside = _inside(f.f_code)
+                if not inside:
+                    break
+                f = f.f_back
+            if f is None:
+                if k == n:
+                    return prev
+                break
+            if k == n or f.f_code is not prev[k][0] or f.f_lasti != prev[k][1]:
+                break
+            k += 1
+            if k == limit:
+                return prev if n == k else prev[:k]
+            f = f.f_back
+        out = list(prev[:k])
+    while f is not None:
+        code = f.f_code
+        inside = get(code.co_filename)
+        if inside is None:
+            inside = _inside(code)
+        if not inside:
+            out.append((code, f.f_lasti))
+            if len(out) >= limit:
+                break
+        f = f.f_back
+    out = tuple(out)
+    if len(_last) >= _LAST_LIMIT:
+        _last.clear()
+    _last[site] = out
+    return out

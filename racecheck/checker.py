@@ -76,6 +76,7 @@ CONTEXT_CAP = 40
 CONTEXT_BEFORE = 3          # events per timeline shown before the earlier access
 NOOP_WAITS_KEPT = 64        # no-op waits remembered per timeline (for RC008)
 _RACE_RULES = ("RC001", "RC002", "RC003", "RC004")
+_SITED = (Kernel, Copy, HostAccess)    # events whose op names the storages allocated before it
 
 
 class _Timeline:
@@ -157,11 +158,30 @@ def _site(rec):
     return (first, sub.op, sub.stack[0] if sub.stack else None)
 
 
+def _only_on(sh, tid) -> bool:
+    """Every access in the shadow was made on timeline `tid` (a temporary that never left its
+    allocation stream: freeing it cannot be RC005, no need for the full scan)."""
+    for st in sh.states:
+        if st is None:
+            continue
+        w = st[0]
+        if w is not None and w[R_TL] != tid:
+            return False
+        for t in st[1]:
+            if t != tid:
+                return False
+    return True
+
+
 def _ctx_entry(e):
     """Context entries are (seq, kind, label, peer tid | None, edge seq), except that a kernel's
-    entry is its access record (one tuple less per kernel on the hot path)."""
-    if len(e) == 7:
+    entry is its access record and a free's is (seq, block): no tuple or label to build for
+    them on the hot path."""
+    n = len(e)
+    if n == 7:
         return (e[R_SEQ], "kernel", getattr(e[R_EV], "op", "kernel"), None, -1)
+    if n == 2:
+        return (e[0], "free", f"free storage #{e[1]}", None, -1)
     return e
 
 
@@ -214,32 +234,32 @@ class Checker:
         h(event, seq)
         if self._pend:
             self._flush()
-        if self._unsited:
+        if self._unsited and isinstance(event, _SITED):
             self._assign_sites(event)
 
     def _assign_sites(self, event) -> None:
         """Unnamed storages are described by the first op that touched them (stable across runs)."""
-        if isinstance(event, (Kernel, Copy, HostAccess)):
-            site = (event.op, event.stack[:1])  # formatted only if a finding needs it
-            for b in self._unsited:
-                self._sites[b] = site
-            self._unsited.clear()
+        site = (event.op, event.stack[:1])  # formatted only if a finding needs it
+        for b in self._unsited:
+            self._sites[b] = site
+        self._unsited.clear()
 
     def process_all(self, events) -> "Checker":
         hget = self._handlers.get
         seq = self._seq
         try:
             for ev in events:
+                s = seq
+                seq += 1        # counted even if it raises, as in process()
                 h = hget(type(ev))
                 if h is None:
                     h = self._handler_for(ev)
                 if h is not None:
-                    h(ev, seq)
+                    h(ev, s)
                     if self._pend:
                         self._flush()
-                    if self._unsited:
+                    if self._unsited and isinstance(ev, _SITED):
                         self._assign_sites(ev)
-                seq += 1
         finally:
             # handlers take seq as an argument; the counter is only stored once
             self._seq = seq
@@ -425,7 +445,11 @@ class Checker:
             rd = sh.readers
             for lo, hi in fp.ranges:
                 i = bisect_left(bounds, lo)
-                if i + 1 < len(bounds) and bounds[i] == lo and bounds[i + 1] == hi \
+                if not bounds and lo < hi:      # a storage's first access (a new temporary)
+                    bounds.append(lo)
+                    bounds.append(hi)
+                    states.append([rec, {}])
+                elif i + 1 < len(bounds) and bounds[i] == lo and bounds[i + 1] == hi \
                         and states[i] is not None:
                     # fast path: exactly one existing segment
                     st = states[i]
@@ -529,31 +553,42 @@ class Checker:
     # ---- allocator ----------------------------------------------------------------------------
 
     def _on_alloc(self, ev, seq):
-        self._host(ev.thread)
-        s = self._stream(ev.stream) if ev.stream is not None else None
-        self._allocs[ev.block] = (s.tid if s is not None else None, bool(ev.host))
-        self._unsited.append(ev.block)
-        self._shadow.pop(ev.block, None)
-        self._recstreams.pop(ev.block, None)
+        tls = self._tl
+        if ev.thread not in tls:
+            self._new_host(ev.thread)
+        stream = ev.stream
+        if stream is not None and stream not in tls:
+            self._new_stream(stream)
+        blk = ev.block
+        self._allocs[blk] = (stream, bool(ev.host))
+        self._unsited.append(blk)
+        self._shadow.pop(blk, None)
+        if self._recstreams:
+            self._recstreams.pop(blk, None)
 
     def _on_record_stream(self, ev, seq):
         self._host(ev.thread)
         self._recstreams.setdefault(ev.block, set()).add(ev.stream)
 
     def _on_free(self, ev, seq):
-        h = self._host(ev.thread)
+        h = self._tl.get(ev.thread)
+        if h is None:
+            h = self._new_host(ev.thread)
         blk = ev.block
-        h.ctx.append((seq, "free", f"free storage #{blk}", None, -1))
+        h.ctx.append((seq, blk))     # a 2-tuple context entry: a free (see _ctx_entry)
         info = self._allocs.pop(blk, None)
         sh = self._shadow.pop(blk, None)
-        rs = self._recstreams.pop(blk, None) or ()
-        if sh is not None and info is not None and not info[1] and info[0] is not None:
+        rs = (self._recstreams.pop(blk, None) or ()) if self._recstreams else ()
+        if sh is not None and info is not None and not info[1] and info[0] is not None \
+                and not _only_on(sh, info[0]):
             self._check_rc005(ev, seq, h, blk, info[0], sh, rs)
-        self._names.pop(blk, None)
+        if self._names:
+            self._names.pop(blk, None)
         self._sites.pop(blk, None)
-        for _g, inp in self._readers.get(blk, ()):
-            inp.ever = []
-            inp.fresh = []
+        if self._readers:
+            for _g, inp in self._readers.get(blk, ()):
+                inp.ever = []
+                inp.fresh = []
 
     def _check_rc005(self, ev, seq, h, blk, a_tid, sh, rs):
         a = self._tl.get(a_tid)
@@ -985,7 +1020,7 @@ class Checker:
                 continue
             before = []
             for e in tl.ctx:
-                if len(e) == 7:
+                if len(e) != 5:
                     e = _ctx_entry(e)
                 s = e[0]
                 if s > end_seq:
@@ -999,8 +1034,8 @@ class Checker:
             if tl.tid in tset:
                 continue
             for e in tl.ctx:
-                if len(e) == 7:
-                    continue            # a kernel: no peer
+                if len(e) != 5:
+                    continue            # a kernel or a free: no peer
                 if start_seq <= e[0] <= end_seq and e[3] in tset:
                     items.append((e, tl.tid))
         items.sort(key=lambda x: x[0][0])

@@ -21,6 +21,9 @@ from .trace import (Alloc, Free, HostAccess, HostSync, Kernel, NameTensor, NameT
                     StreamWaitEvent, StreamWaitStream, Trace)
 
 DEVICES = ("sim", "cuda", "npu")
+# Events reach the checker in batches of this many (or sooner, when anything reads its results):
+# one tight loop over the checker's code and state costs far less than one visit per op.
+BATCH = 128
 
 _active = None
 _active_lock = threading.Lock()
@@ -38,6 +41,30 @@ def active_session():
     return _active
 
 
+class _InternalReads:
+    """Context manager counting racecheck's own tensor reads on the current thread."""
+
+    __slots__ = ("tls",)
+
+    def __init__(self, tls):
+        self.tls = tls
+
+    def __enter__(self):
+        self.tls.internal += 1
+
+    def __exit__(self, *exc):
+        self.tls.internal -= 1
+
+
+class _Unresolved:
+    """A queued event whose footprints are not known yet; `resolve()` finishes it or says None."""
+
+    __slots__ = ("event", "resolve")
+
+    def __init__(self, event, resolve):
+        self.event, self.resolve = event, resolve
+
+
 class Session:
     _busy = False       # an event is being processed or the pending queue flushed (this thread holds the lock)
     def __init__(self, device: str = "sim", *, executor=None, record_trace: bool = False,
@@ -45,15 +72,16 @@ class Session:
         if device not in DEVICES:
             raise UsageError(f"unknown device {device!r} (choose from {', '.join(DEVICES)})")
         self.device = device
-        self.checker = Checker()
-        self.trace = Trace() if record_trace else None
+        self._checker = Checker()
+        self._trace = Trace() if record_trace else None
         self.checking = True
-        self.internal_errors: list = []
+        self._internal_errors: list = []
         self.before_launch = before_launch
         self.delay_plan = delay_plan
         self.seq = 0
         self._lock = threading.RLock()
         self._tls = _ThreadState()
+        self._internal_reads = _InternalReads(self._tls)
         self._next_timeline = 0
         self._next_event = 0
         self._next_graph = 0
@@ -63,12 +91,14 @@ class Session:
         self._backend_options = backend_options
         self._patches: list = []
         self._modes: list = []
-        self._pending = collections.deque()
+        self._pending = collections.deque()   # events (or _Unresolved) not yet checked, in order
+        self._unresolved = 0
         self._liveness = None          # executor hook: storage ids the program has dropped
         self._freed: set = set()       # storage ids whose Free was emitted early (by the hook)
         self.backend = None
         from racecheck.instrumentation.footprints import FootprintMaker, StorageRegistry
         self.footprints = FootprintMaker(StorageRegistry(self._on_new_storage))
+        self._dead = self.footprints.registry.dead
 
     # -- ids and timelines ----------------------------------------------------------------------
     def new_timeline(self) -> int:
@@ -99,27 +129,45 @@ class Session:
         return self.checker.timeline_name(tid)
 
     # -- events ---------------------------------------------------------------------------------
+    @property
+    def checker(self) -> Checker:
+        """The online checker, once every event emitted so far has reached it."""
+        self.flush_pending()
+        return self._checker
+
+    @property
+    def trace(self):
+        """The recorded Trace (record_trace=True), else None."""
+        self.flush_pending()
+        return self._trace
+
+    @property
+    def internal_errors(self) -> list:
+        self.flush_pending()
+        return self._internal_errors
+
     def emit(self, event) -> None:
-        with self._lock:
-            dead = self.footprints.registry.dead
-            if self._liveness is not None and type(event) in self._liveness_before:
-                self._poll_liveness()
-            if dead:
-                self._drain_dead()
-            if self._pending or self._busy:
-                # Behind unresolved events, or emitted while an event is being processed (a
-                # runtime callback fired by a free inside racecheck): queue it, keep the order.
-                self._pending.append((event, None))
-                if not self._busy:
+        """Queue `event` for the checker, in host issue order (emitted while an event is being
+        processed, by a runtime callback fired inside racecheck, it goes behind the others).
+
+        The common case takes no lock: deque appends and pops are atomic, the queue is only
+        ever taken from its left end, and the checker runs under the lock."""
+        pending = self._pending
+        if self._unresolved or self._liveness is not None:
+            with self._lock:
+                if self._liveness is not None and type(event) in self._liveness_before:
+                    self._poll_liveness()
+                if self._dead:
+                    self._drain_dead()
+                pending.append(event)
+                if (self._unresolved or len(pending) >= BATCH) and not self._busy:
                     self.flush_pending()
-                return
-            self._busy = True
-            try:
-                self._process(event)
-            finally:
-                self._busy = False
-            if self._pending:
-                self.flush_pending()
+            return
+        if self._dead:
+            self._drain_dead()
+        pending.append(event)
+        if len(pending) >= BATCH and not self._busy:
+            self.flush_pending()
 
     @property
     def position(self) -> int:
@@ -133,7 +181,8 @@ class Session:
         Events after it wait in order behind it, so the checker still sees host issue order.
         """
         with self._lock:
-            self._pending.append((event, resolve))
+            self._pending.append(_Unresolved(event, resolve))
+            self._unresolved += 1
             self.flush_pending()
 
     def flush_pending(self, force: bool = False) -> None:
@@ -154,33 +203,49 @@ class Session:
     def _flush_locked(self, force: bool) -> None:
         pending = self._pending
         while pending:
-            event, resolve = pending[0]
-            if resolve is not None:
-                try:
-                    done = resolve()
-                except Exception as exc:
-                    self.internal_error(exc, "while resolving a deferred footprint")
-                    pending.clear()
-                    return
-                if done is None:
-                    if not force:
-                        return
-                    self.internal_error(RuntimeError("unresolvable deferred footprint"), "flush")
-                    pending.clear()
-                    return
-                event = done
-            pending.popleft()
-            self._process(event)
-
-    def _process(self, event) -> None:
-        self.seq += 1
-        if self.trace is not None:
-            self.trace.append(event)
-        if self.checking:
+            if not self._unresolved:
+                take = pending.popleft     # (not list() then clear(): another thread may append)
+                self._check([take() for _ in range(len(pending))])
+                continue            # runtime callbacks may have queued more meanwhile
+            batch = []
+            while pending and type(pending[0]) is not _Unresolved:
+                batch.append(pending.popleft())
+            if batch:
+                self._check(batch)
+                continue
             try:
-                self.checker.process(event)
+                done = pending[0].resolve()
             except Exception as exc:
-                self.internal_error(exc, f"while checking {type(event).__name__}")
+                self.internal_error(exc, "while resolving a deferred footprint")
+                self._drop_pending()
+                return
+            if done is None:
+                if not force:
+                    return
+                self.internal_error(RuntimeError("unresolvable deferred footprint"), "flush")
+                self._drop_pending()
+                return
+            pending.popleft()
+            self._unresolved -= 1
+            self._check([done])
+
+    def _check(self, batch: list) -> None:
+        """Record and check events taken off the queue, in order."""
+        self.seq += len(batch)
+        if self._trace is not None:
+            self._trace.events.extend(batch)
+        if self.checking:
+            checker = self._checker
+            start = checker.events_processed
+            try:
+                checker.process_all(batch)
+            except Exception as exc:
+                failed = batch[checker.events_processed - start - 1]
+                self.internal_error(exc, f"while checking {type(failed).__name__}")
+
+    def _drop_pending(self) -> None:
+        self._pending.clear()
+        self._unresolved = 0
 
     def set_liveness_poll(self, poll, before=(HostSync, StreamWaitEvent, StreamWaitStream)) -> None:
         """Executor hook (queued execution): `poll()` returns ids of storages the program has
@@ -198,35 +263,39 @@ class Session:
             self.internal_error(exc, "while polling storage liveness")
             return
         if early:
-            dead = self.footprints.registry.dead
+            dead = self._dead
             for sid in early:
                 if sid not in self._freed:
                     dead.append(sid)
 
     def _drain_dead(self) -> None:
-        dead = self.footprints.registry.dead
-        thread = self.thread_tid()
+        """Queue a Free for each storage that died (under the lock where a liveness poll is set:
+        it shares the `_freed` set)."""
+        dead = self._dead
+        thread = self._tls.tid
+        if thread is None:
+            thread = self.thread_tid()
         freed = self._freed
+        pending = self._pending
         while dead:
             sid = dead.popleft()
             if self._liveness is not None:
                 if sid in freed:
                     continue
                 freed.add(sid)
-            ev = Free(thread, sid, ())
-            if self._pending or self._busy:
-                self._pending.append((ev, None))
-            else:
-                self._process(ev)
+            pending.append(Free(thread, sid, ()))
 
     def _on_new_storage(self, sid: int, nbytes: int, host: bool) -> None:
         stream = self.backend.current_stream_tid() if self.backend is not None else 0
-        self.emit(Alloc(self.thread_tid(), sid, stream, nbytes, host, ()))
+        thread = self._tls.tid
+        if thread is None:
+            thread = self.thread_tid()
+        self.emit(Alloc(thread, sid, stream, nbytes, host, ()))
 
     def internal_error(self, exc: BaseException, where: str = "") -> None:
         """Stop checking; keep the program's results. The CLI reports this as exit 3."""
         self.checking = False
-        self.internal_errors.append(f"{where}: {type(exc).__name__}: {exc}\n"
+        self._internal_errors.append(f"{where}: {type(exc).__name__}: {exc}\n"
                                     + "".join(traceback.format_exception(exc)))
 
     # -- per-thread state -----------------------------------------------------------------------
@@ -238,15 +307,9 @@ class Session:
         self._tls.capture = state
         return prev
 
-    @contextlib.contextmanager
     def internal_reads(self):
         """racecheck reading tensor values for itself (index footprints): no host-read events."""
-        tls = self._tls
-        tls.internal += 1
-        try:
-            yield
-        finally:
-            tls.internal -= 1
+        return self._internal_reads
 
     @contextlib.contextmanager
     def allocating_host(self):
@@ -311,9 +374,10 @@ class Session:
         self.emit(RecordStream(self.thread_tid(), sid, tid, stacks.capture()))
 
     def save_trace(self, path) -> None:
-        if self.trace is None:
+        trace = self.trace
+        if trace is None:
             raise UsageError("the session was not started with record_trace=True")
-        self.trace.save(path)
+        trace.save(path)
 
     # -- lifetime -------------------------------------------------------------------------------
     def __enter__(self):
@@ -349,8 +413,9 @@ class Session:
                 self.internal_error(e, "while finishing queued work")
             self._uninstall()
             with self._lock:
-                if self.footprints.registry.dead:
+                if self._dead:
                     self._drain_dead()
+                    self.flush_pending(force=True)
             self.checking = False
         finally:
             with _active_lock:

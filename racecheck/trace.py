@@ -131,8 +131,13 @@ class Kernel(Event):
     fields = ("stream", "reads", "writes", "op")
 
     def __init__(self, thread, stream, reads, writes, op, stack=()):
-        self.thread, self.stream, self.reads, self.writes, self.op, self.stack = (
-            thread, stream, reads, writes, op, stack)
+        # one attribute at a time: cheaper than a tuple assignment on the per-op path
+        self.thread = thread
+        self.stream = stream
+        self.reads = reads
+        self.writes = writes
+        self.op = op
+        self.stack = stack
 
 
 class Copy(Event):
@@ -208,8 +213,12 @@ class Alloc(Event):
     fields = ("block", "stream", "nbytes", "host")
 
     def __init__(self, thread, block, stream, nbytes, host=False, stack=()):
-        self.thread, self.block, self.stream, self.nbytes, self.host, self.stack = (
-            thread, block, stream, nbytes, host, stack)
+        self.thread = thread
+        self.block = block
+        self.stream = stream
+        self.nbytes = nbytes
+        self.host = host
+        self.stack = stack
 
 
 class Free(Event):
@@ -218,7 +227,9 @@ class Free(Event):
     fields = ("block",)
 
     def __init__(self, thread, block, stack=()):
-        self.thread, self.block, self.stack = thread, block, stack
+        self.thread = thread
+        self.block = block
+        self.stack = stack
 
 
 class RecordStream(Event):
