@@ -1,0 +1,95 @@
+"""Snapshot every verdict racecheck gives on its fixed workloads, to prove a refactor changes none.
+
+    python scripts/verdicts.py snapshot before.json      # on the old tree
+    python scripts/verdicts.py snapshot after.json       # on the new tree
+    python scripts/verdicts.py compare before.json after.json
+
+Workloads: every public case on sim, every variant of every built-in
+scenario (eager executor, and the adversarial executor with a fixed plan seed), and each case's
+trace saved as JSON lines and re-checked offline. Findings are compared field by field
+(Finding.to_json(): rule, tensor, both accesses with stacks, suggestion, detail, context).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+
+
+def _findings(fs) -> list:
+    return [f.to_json() for f in fs]
+
+
+def _cases() -> dict:
+    import racecheck
+    from cases import EXPECTED
+    from racecheck.checker import Checker
+    from racecheck.trace import Trace
+
+    out = {}
+    for cid in sorted(EXPECTED):
+        program = EXPECTED[cid][0]
+        with racecheck.session(device="sim", record_trace=True) as rc:
+            keep = program(rc.device_module, "cpu")  # noqa: F841
+        out[f"sim/{cid}"] = _findings(rc.findings)
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "t.jsonl")
+            rc.save_trace(path)
+            out[f"offline/{cid}"] = _findings(Checker().process_all(Trace.iter_file(path)).findings)
+    return out
+
+
+# A fixed adversarial plan: side streams first, the host late, two priority change points.
+PLAN = {"priorities": {"#1": 5, "#2": 4, "#3": 3}, "host": 2, "change_points": [15, 60]}
+
+
+def _scenarios() -> dict:
+    from racecheck import scenarios
+    from racecheck.instrumentation.adversarial import AdversarialExecutor
+
+    out = {}
+    for name in scenarios.names():
+        sc = scenarios.get(name)
+        for variant in [None, *sc.variants]:
+            cfg = sc.config(variant=variant)
+            label = f"{name}/{variant or 'all-fixes'}"
+            res = scenarios.run(sc, cfg, device="sim", seed=0)
+            out[f"eager/{label}"] = _findings(res.findings)
+            ex = AdversarialExecutor(PLAN)
+            res = scenarios.run(sc, cfg, device="sim", seed=0, session_options={"executor": ex})
+            out[f"adversarial/{label}"] = _findings(res.findings)
+    return out
+
+
+def snapshot(path: str) -> None:
+    data = {**_cases(), **_scenarios()}
+    with open(path, "w") as fp:
+        json.dump(data, fp, indent=1, sort_keys=True)
+    print(f"{len(data)} workloads, {sum(len(v) for v in data.values())} findings -> {path}")
+
+
+def compare(a: str, b: str) -> int:
+    with open(a) as fp:
+        old = json.load(fp)
+    with open(b) as fp:
+        new = json.load(fp)
+    bad = 0
+    for key in sorted(set(old) | set(new)):
+        if old.get(key) != new.get(key):
+            bad += 1
+            print(f"DIFFERENT: {key}")
+    print(f"{len(old)} vs {len(new)} workloads; {bad} differ")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "snapshot":
+        snapshot(sys.argv[2])
+    elif len(sys.argv) == 4 and sys.argv[1] == "compare":
+        sys.exit(compare(sys.argv[2], sys.argv[3]))
+    else:
+        sys.exit(__doc__)
