@@ -49,8 +49,9 @@ def worker(config: str, variant) -> dict:
                 if kind == "rc-wrappers":
                     opts["callbacks"] = False
                 if kind == "rc-noindex":
-                    from racecheck.instrumentation import cuda as rc_cuda
-                    rc_cuda.DeviceBackend.index_footprint = None
+                    from racecheck.instrumentation.base import Backend
+                    from racecheck.instrumentation.device import DeviceBackend
+                    DeviceBackend.index_footprint = Backend.index_footprint
                 res = scenarios.run(sc, cfg, device="cuda", session_options=opts)
                 r["findings"] = sorted({(f.rule, f.tensor) for f in res.findings})
                 r["internal_errors"] = [e.splitlines()[0] for e in res.internal_errors]

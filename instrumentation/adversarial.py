@@ -352,20 +352,18 @@ class AdversarialExecutor(Executor):
         self._held: dict = {}              # storage cdata -> [aliases queued, reported dead]
         self._uc_offset = _storage_use_count_offset()
         self._track = False
-        self._session = None
+        self._registry = None
 
     # -- binding and names ---------------------------------------------------------------------
     def bind(self, backend) -> None:
         self.backend = backend
-        self._session = backend.session
-        for tid, st in list(getattr(backend, "streams", {}).items()):
+        self._registry = backend.footprints.registry
+        for tid in list(backend.streams):
             self._stream(tid)
-        default = getattr(backend, "default_stream", None)
-        if default is not None:
-            self._names[default.tid] = "default"
-        if self._uc_offset is not None and hasattr(self._session, "set_liveness_poll"):
+        self._names[backend.default_stream.tid] = "default"
+        if self._uc_offset is not None:
             self._track = True
-            self._session.set_liveness_poll(self._poll_dead)
+            backend.sink.set_liveness_poll(self._poll_dead)
 
     def stream_named(self, tid, name) -> None:
         with self._lock:
@@ -385,11 +383,7 @@ class AdversarialExecutor(Executor):
         st = self._streams.get(tid)
         if st is None:
             # "#k": the k-th stream the backend created (#0 is the default stream)
-            index = None
-            for k, t in enumerate(getattr(self.backend, "streams", ())):
-                if t == tid:
-                    index = k
-                    break
+            index = self.backend.stream_index(tid)
             if index is None:
                 index = len(self._streams)
             st = self._streams[tid] = _Stream(tid, index, None)
@@ -833,16 +827,16 @@ class AdversarialExecutor(Executor):
             return ()
         off = self._uc_offset
         uc = torch._C._storage_Use_Count
-        by_cdata = self._session.footprints.registry._by_cdata
+        sid_of = self._registry.sid_of_cdata
         dead = []
         for cdata, entry in held.items():
             if entry[1]:
                 continue
             if uc(cdata) - off <= entry[0]:
-                reg = by_cdata.get(cdata)
+                sid = sid_of(cdata)
                 entry[1] = True
-                if reg is not None:
-                    dead.append(reg[0])
+                if sid is not None:
+                    dead.append(sid)
         if dead:
             self.stats["early_frees"] += len(dead)
         return dead

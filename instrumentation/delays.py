@@ -104,33 +104,8 @@ def normalize_holds(plan) -> list:
     return out
 
 
-def stream_index(backend, tid):
-    """k of "#k" for a timeline: the order in which the backend first saw the stream."""
-    f = getattr(backend, "stream_index", None)
-    if f is not None:
-        return f(tid)
-    streams = getattr(backend, "streams", None)      # sim: tid -> stream, in creation order
-    if streams is not None:
-        for k, t in enumerate(streams):
-            if t == tid:
-                return k
-    return None
-
-
-def apply_delay(session, tid, us) -> None:
-    """Hold timeline `tid` back `us` microseconds before its next launch, on any backend."""
-    if us <= 0:
-        return
-    b = session.backend
-    f = getattr(b, "delay_tid", None)
-    if f is not None:
-        f(tid, us)
-    else:
-        b.executor.delay(tid, us)
-
-
 class DelayPlan:
-    """A validated delay plan; `hook(session)` is what `Session.before_launch` calls."""
+    """A validated delay plan; `hook(backend)` is what `Backend.before_launch` calls."""
 
     def __init__(self, holds):
         self.holds = normalize_holds(holds)
@@ -146,7 +121,7 @@ class DelayPlan:
     def to_json(self) -> list:
         return [dict(h) for h in self.holds]
 
-    def hook(self, session, chain=None):
+    def hook(self, backend, chain=None):
         """before_launch(stream_tid, op_name): count launches per stream, delay where planned."""
         by_index: dict = {}
         by_name: dict = {}
@@ -160,10 +135,9 @@ class DelayPlan:
         counts: dict = {}
         keys_of: dict = {}
         applied = self.applied
-        backend = session.backend
-        prepare = getattr(backend, "prepare_delays", None)
-        if prepare is not None and self.holds:
-            prepare()                  # calibrate now, before the program runs
+        sink = backend.sink
+        if self.holds:
+            backend.prepare_delays()   # calibrate now, before the program runs
 
         def before_launch(stream_tid, op_name):
             if chain is not None:
@@ -171,9 +145,9 @@ class DelayPlan:
             n = counts.get(stream_tid, 0)
             counts[stream_tid] = n + 1
             keys = keys_of.get(stream_tid)
-            name = session.timeline_name(stream_tid)
+            name = sink.timeline_name(stream_tid)
             if keys is None or keys[0] != name:
-                k = stream_index(backend, stream_tid)
+                k = backend.stream_index(stream_tid)
                 keys = keys_of[stream_tid] = (name, f"#{k}" if k is not None else None)
             us = 0.0
             for key in keys:
@@ -185,8 +159,8 @@ class DelayPlan:
                 d = by_name.get(key)
                 if d:
                     us += d.get(op_name, 0.0)
-            if us > 0 and session.capture_state() is None:
-                apply_delay(session, stream_tid, us)
+            if us > 0 and backend.capture_state() is None:
+                backend.delay_tid(stream_tid, us)
                 if len(applied) < 10000:
                     applied.append((name, n, op_name, us))
 

@@ -12,6 +12,7 @@ class Executor:
     """Interface. `eager` executors let the backend call ops directly (the fast path)."""
 
     eager = True
+    deferred_footprints = False    # index ops' footprints are taken when the op runs (queued)
 
     def bind(self, backend) -> None:
         self.backend = backend
@@ -49,6 +50,9 @@ class Executor:
 
     def delay(self, stream, microseconds: float) -> None:
         pass
+
+    def stream_named(self, stream, name: str) -> None:
+        """The user named a stream (plans refer to streams by name)."""
 
     def finish(self) -> None:
         """Session end: run everything still queued."""

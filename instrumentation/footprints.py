@@ -30,11 +30,11 @@ class StorageRegistry:
     callback may fire anywhere, even inside the checker) and drained by the session.
     """
 
-    def __init__(self, on_new):
+    def __init__(self, on_new, dead: deque | None = None):
         self._on_new = on_new            # on_new(sid, nbytes, host) -> None
         self._by_cdata: dict = {}        # cdata -> (sid, weakref, host)
         self._next = 1
-        self.dead: deque = deque()       # sids whose storage died, not yet reported
+        self.dead: deque = deque() if dead is None else dead   # (sid, stack) died, not yet reported
         self.host_sids: set = set()
         self.new_are_host = False        # storages first seen now are host memory (host ops)
         self.host_of = None              # backend's classifier for storages first seen (cuda: t.is_cpu)
@@ -60,13 +60,18 @@ class StorageRegistry:
             if cur is not None and cur[0] == sid:
                 del by_cdata[key]
             host_sids.discard(sid)
-            dead.append(sid)
+            dead.append((sid, ()))
 
         self._by_cdata[key] = (sid, weakref.ref(st, _died), host)
         if host:
             host_sids.add(sid)
         self._on_new(sid, st.nbytes(), host)
         return sid, host
+
+    def sid_of_cdata(self, cdata: int) -> int | None:
+        """Storage id of a live storage by its C handle (`untyped_storage()._cdata`), if known."""
+        entry = self._by_cdata.get(cdata)
+        return entry[0] if entry is not None else None
 
     def mark_host(self, t: torch.Tensor) -> None:
         """Retag a storage as host memory (pinned at creation)."""

@@ -64,35 +64,35 @@ class Interceptor(TorchDispatchMode):
     def _should_skip_dynamo(cls) -> bool:
         return _GUARD is None     # torch's own (slower) wrapper only where ours is unavailable
 
-    def __init__(self, session, backend):
+    def __init__(self, backend):
         super().__init__()
-        self.session = session
+        self.sink = backend.sink
         self.backend = backend
-        self.fp = session.footprints.of
-        self.maker = session.footprints
+        self.fp = backend.footprints.of
+        self.maker = backend.footprints
         self._plans: dict = {}       # id(func) -> plan; the OpOverload is kept alive in _funcs
         self._funcs: list = []
-        # Optional backend hooks (real devices): the stream an op runs on depends on its tensors'
+        # Backend capabilities (real devices): the stream an op runs on depends on its tensors'
         # device; index values may live on the device (footprint resolved later); pinned memory
         # is real there (sim strips the flag: a CPU-only torch cannot pin).
-        self._op_stream = getattr(backend, "op_stream_tid", None)
-        self._index_fp = getattr(backend, "index_footprint", None) or index_footprint
-        self._strip_pin = getattr(backend, "strip_pin_memory", True)
-        self._queued = getattr(getattr(backend, "executor", None), "deferred_footprints", False)
+        self._op_stream = backend.op_stream_tid
+        self._index_fp = backend.index_footprint
+        self._strip_pin = backend.strip_pin_memory
+        self._queued = backend.executor.deferred_footprints
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         prior = _set_eval_frame(None)
         try:
             if kwargs is None:
                 kwargs = {}
-            if not self.session.checking:
+            if not self.sink.checking:
                 return self.backend.execute_plain(func, args, kwargs)
             plan = self._plans.get(id(func))
             if plan is None:
                 try:
                     plan = self._plan(func)
                 except Exception as exc:  # a bug in racecheck must never change the program's results
-                    self.session.internal_error(exc, f"while classifying {func}")
+                    self.sink.internal_error(exc, f"while classifying {func}")
                     return self.backend.execute_plain(func, args, kwargs)
             return plan(func, args, kwargs)
         finally:
@@ -141,7 +141,7 @@ class Interceptor(TorchDispatchMode):
 
     def _view(self, func, args, kwargs):
         out = self.backend.execute_plain(func, args, kwargs)
-        seq = self.session.position
+        seq = self.sink.position
         if isinstance(out, torch.Tensor):
             out.__dict__[BORN_ATTR] = seq
         elif isinstance(out, (list, tuple)):
@@ -154,15 +154,15 @@ class Interceptor(TorchDispatchMode):
         kwargs = dict(kwargs)
         if self._strip_pin:
             kwargs["pin_memory"] = False
-        s = self.session
-        with s.allocating_host():
+        with self.backend.allocating_host():
             out = self.backend.execute_plain(func, args, kwargs)
             if isinstance(out, torch.Tensor):
-                s.footprints.registry.lookup(out, host=True)
+                self.maker.registry.lookup(out, host=True)
         return out
 
     def _copy(self, func, args, kwargs):
-        s = self.session
+        s = self.sink
+        b = self.backend
         dst, src = args[0], args[1]
         non_blocking = bool(args[2]) if len(args) > 2 else bool(kwargs.get("non_blocking", False))
         if not isinstance(src, torch.Tensor):
@@ -173,7 +173,7 @@ class Interceptor(TorchDispatchMode):
         sfp = self.fp(src)
         src_host = sfp.host if sfp is not None else reg.lookup(src)[1]
         stack = stacks.capture()
-        capture = s.capture_state()
+        capture = b.tls.capture
         if capture is not None:
             capture.add(CapturedOp((sfp,) if sfp else (), (dfp,) if dfp else (), "copy_", stack),
                         func, args, kwargs, dst)
@@ -186,7 +186,7 @@ class Interceptor(TorchDispatchMode):
                   else self.backend.current_stream_tid())
         if dfp is None or sfp is None:
             return self.backend.execute_plain(func, args, kwargs)
-        hook = s.before_launch
+        hook = b.before_launch
         if hook is not None:
             hook(stream, "copy_")
         if dst_host or src_host:
@@ -200,11 +200,12 @@ class Interceptor(TorchDispatchMode):
 
     def _scalar_read(self, func, args, kwargs):
         """`.item()`, `int(t)`, `float(t)`, `bool(t)`: a blocking D2H read, or a host read."""
-        self.session.host_read(args[0], "item", stacks.capture())
+        self.backend.host_read(args[0], "item", stacks.capture())
         return self.backend.execute_plain(func, args, kwargs)
 
     def _kernel(self, func, args, kwargs, oc=None):
-        s = self.session
+        s = self.sink
+        b = self.backend
         if oc is None:
             oc = classify(func)
         fp = self.fp
@@ -217,7 +218,7 @@ class Interceptor(TorchDispatchMode):
         deferred = None
         pend = None
         nargs = len(args)
-        capture = s.capture_state()     # an op cannot start or end a capture
+        capture = b.tls.capture     # an op cannot start or end a capture
         for i, name, kwarg_only, role in oc.args:
             v = args[i] if (i < nargs and not kwarg_only) else (kwargs.get(name) if kwargs else None)
             if v is None:
@@ -244,7 +245,7 @@ class Interceptor(TorchDispatchMode):
                         any_device = any_device or not self.maker.registry.is_host(t)
                         continue
                     if capture is None:
-                        with s.internal_reads():
+                        with b.internal_reads():
                             f = self._index_fp(self.maker, oc.name, t, args)
                         if f is not None and hasattr(f, "resolver"):
                             pend = f     # index values still on the device: resolved later
@@ -272,11 +273,11 @@ class Interceptor(TorchDispatchMode):
             if deferred is not None:     # host memory only: runs now, its indices are final
                 role, pos = deferred
                 t0 = args[0]
-                with s.internal_reads():
+                with b.internal_reads():
                     f = index_footprint(self.maker, oc.name, t0, args)
                 if f is not None:
                     _place(role, f, reads, writes)
-            with s.allocating_host():
+            with b.allocating_host():
                 out = self.backend.execute_plain(func, args, kwargs)
                 for t in iter_out_tensors(oc, out):
                     f = fp(t)
@@ -295,7 +296,7 @@ class Interceptor(TorchDispatchMode):
             return out
         stream = (self._op_stream(args, kwargs) if self._op_stream is not None
                   else self.backend.current_stream_tid())
-        hook = s.before_launch
+        hook = b.before_launch
         if hook is not None:
             hook(stream, oc.name)
         if deferred is not None:
@@ -321,12 +322,13 @@ class Interceptor(TorchDispatchMode):
     def _deferred_index_kernel(self, func, args, kwargs, oc, stream, reads, writes, deferred, stack):
         """An index op under a queued executor: its footprint is taken when it runs (when its
         index values are final); the Kernel still reaches the checker in host issue order."""
-        s = self.session
+        s = self.sink
         maker, name = self.maker, oc.name
         box = []
+        internal_reads = self.backend.internal_reads
 
         def snapshot(qargs, qkwargs):   # the executor calls this right before the op runs
-            with s.internal_reads():
+            with internal_reads():
                 box.append(index_footprint(maker, name, qargs[0], qargs))
 
         out = self.backend.executor.run(stream, func, args, kwargs, on_execute=snapshot)
@@ -375,10 +377,10 @@ def _fast_kernel(icp: Interceptor, oc, func):
     argument) goes to the generic `Interceptor._kernel`, which recomputes the same footprints
     from the tensors' caches.
     """
-    s = icp.session
     backend = icp.backend
+    s = icp.sink
     env = {
-        "s": s, "tls": s._tls, "fp": icp.fp, "tok": icp.maker.token, "attr": CACHE_ATTR,
+        "s": s, "b": backend, "tls": backend.tls, "fp": icp.fp, "tok": icp.maker.token, "attr": CACHE_ATTR,
         "tensor": torch.Tensor, "oc": oc, "names": oc.arg_names, "name": oc.name,
         "kernel": icp._kernel, "pinned": icp._pinned_factory if oc.has_pin_memory else None,
         "capture": stacks.capture, "current": backend.current_stream_tid,
@@ -386,7 +388,7 @@ def _fast_kernel(icp: Interceptor, oc, func):
         "call": getattr(func, "_op", func),     # the C++ op behind the OpOverload: a frame less
         "iter_out_tensors": iter_out_tensors, "Kernel": Kernel, "_present": _present,
     }
-    src = _plan_source(oc, getattr(backend, "runs_at_issue", False), icp._op_stream is not None)
+    src = _plan_source(oc, backend.runs_at_issue, icp._op_stream is not None)
     # Named after this file, so that stack capture counts the plan's frame as racecheck's own;
     # its source goes to linecache, so that a traceback through it (an op that raises) reads well.
     filename = f"{__file__}:plan[{oc.name}]"
@@ -432,7 +434,7 @@ def _plan_source(oc, direct: bool, by_device: bool) -> str:
     src += [_ARG.format(i=i, f=f) for f, (i, _) in zip(fs, oc.plain_args)]
     src += ["    stack = capture()",
             "    stream = " + ("op_stream(args, kwargs)" if by_device else "current()"),
-            "    hook = s.before_launch",
+            "    hook = b.before_launch",
             "    if hook is not None:",
             "        hook(stream, name)",
             "    out = " + ("call(*args, **kwargs)" if direct

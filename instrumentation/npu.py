@@ -22,7 +22,7 @@ import torch
 
 from racecheck.errors import UsageError
 
-from .cuda import DeviceBackend
+from .device import DeviceBackend
 
 __all__ = ["NpuBackend"]
 
@@ -41,7 +41,7 @@ class NpuBackend(DeviceBackend):
     event_handle_attr = "npu_event"
     graph_class_name = "NPUGraph"
 
-    def __init__(self, session, device_module=None, callbacks=None, **options):
+    def __init__(self, sink, device_module=None, callbacks=None, **options):
         torch_npu = None
         if device_module is None:
             torch_npu = _import("torch_npu")
@@ -76,5 +76,5 @@ class NpuBackend(DeviceBackend):
         lazy = getattr(m, "_lazy_init", None)
         if callable(lazy):
             lazy()
-        super().__init__(session, m, trace=trace, trace_style=style, trace_activate=activate,
+        super().__init__(sink, m, trace=trace, trace_style=style, trace_activate=activate,
                          current_ids=get_cur, callbacks=use_callbacks)

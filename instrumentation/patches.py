@@ -10,8 +10,9 @@ import torch
 from . import stacks
 
 
-def install_patches(session) -> list:
+def install_patches(backend) -> list:
     undo = []
+    sink, tls = backend.sink, backend.tls
 
     def patch(name, make):
         orig = getattr(torch.Tensor, name)
@@ -21,11 +22,11 @@ def install_patches(session) -> list:
     def host_reader(op):
         def make(orig):
             def method(self, *args, **kwargs):
-                if session.checking and not session._tls.internal:
+                if sink.checking and not tls.internal:
                     try:
-                        session.host_read(self, op, stacks.capture())
+                        backend.host_read(self, op, stacks.capture())
                     except Exception as exc:
-                        session.internal_error(exc, f"while instrumenting .{op}()")
+                        sink.internal_error(exc, f"while instrumenting .{op}()")
                 return orig(self, *args, **kwargs)
             method.__name__ = op
             method.__wrapped__ = orig
@@ -37,9 +38,9 @@ def install_patches(session) -> list:
 
     def make_record_stream(orig):
         def record_stream(self, stream):
-            if session.backend.stream_of(stream) is not None:
-                if session.checking:
-                    session.record_stream(self, stream)
+            if backend.stream_of(stream) is not None:
+                if sink.checking:
+                    backend.record_stream(self, stream)
                 return None
             return orig(self, stream)
         record_stream.__wrapped__ = orig

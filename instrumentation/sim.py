@@ -16,7 +16,7 @@ from racecheck.trace import (EventRecord, GraphCapture, GraphReplay, HostSync, N
                              StreamWaitEvent, StreamWaitStream)
 
 from . import stacks
-from .executor import EagerExecutor
+from .base import Backend
 
 
 class SimStream:
@@ -26,11 +26,11 @@ class SimStream:
 
     def __init__(self, device=None, priority=0, *, _name=None, **_kwargs):
         b = self._backend
-        self.tid = b.session.new_timeline()
+        self.tid = b.sink.new_timeline()
         self.priority = priority
         self.device = torch.device("cpu") if device is None else device
         b.streams[self.tid] = self
-        b.session.emit(NameTimeline(b.session.thread_tid(), self.tid,
+        b.sink.emit(NameTimeline(b.sink.thread_tid(), self.tid,
                                     _name or f"stream {len(b.streams) - 1}", False, 0))
 
     @property
@@ -41,7 +41,7 @@ class SimStream:
 
     def wait_stream(self, stream) -> None:
         b = self._backend
-        b.session.emit(StreamWaitStream(b.session.thread_tid(), self.tid, stream.tid, stacks.capture()))
+        b.sink.emit(StreamWaitStream(b.sink.thread_tid(), self.tid, stream.tid, stacks.capture()))
         b.executor.wait_stream(self.tid, stream.tid)
 
     def wait_event(self, event) -> None:
@@ -59,7 +59,7 @@ class SimStream:
         b = self._backend
         done = b.executor.query_stream(self.tid)
         if done:
-            b.session.emit(HostSync(b.session.thread_tid(), "stream", self.tid, stacks.capture()))
+            b.sink.emit(HostSync(b.sink.thread_tid(), "stream", self.tid, stacks.capture()))
         return done
 
     def __enter__(self):
@@ -71,37 +71,37 @@ class SimStream:
         self._backend.set_stream(self._prev)
 
     def __repr__(self):
-        return f"<sim Stream {self._backend.session.timeline_name(self.tid)!r}>"
+        return f"<sim Stream {self._backend.sink.timeline_name(self.tid)!r}>"
 
 
 class SimEvent:
     _backend = None
 
     def __init__(self, enable_timing=False, blocking=False, interprocess=False, **_kwargs):
-        self.eid = self._backend.session.new_event_id()
+        self.eid = self._backend.sink.new_event_id()
 
     def record(self, stream=None) -> None:
         b = self._backend
         stream = stream if stream is not None else b.current_stream()
-        b.session.emit(EventRecord(b.session.thread_tid(), self.eid, stream.tid, stacks.capture()))
+        b.sink.emit(EventRecord(b.sink.thread_tid(), self.eid, stream.tid, stacks.capture()))
         b.executor.record(self.eid, stream.tid)
 
     def wait(self, stream=None) -> None:
         b = self._backend
         stream = stream if stream is not None else b.current_stream()
-        b.session.emit(StreamWaitEvent(b.session.thread_tid(), stream.tid, self.eid, stacks.capture()))
+        b.sink.emit(StreamWaitEvent(b.sink.thread_tid(), stream.tid, self.eid, stacks.capture()))
         b.executor.wait_event(stream.tid, self.eid)
 
     def synchronize(self) -> None:
         b = self._backend
         b.executor.sync_event(self.eid)
-        b.session.emit(HostSync(b.session.thread_tid(), "event", self.eid, stacks.capture()))
+        b.sink.emit(HostSync(b.sink.thread_tid(), "event", self.eid, stacks.capture()))
 
     def query(self) -> bool:
         b = self._backend
         done = b.executor.query_event(self.eid)
         if done:
-            b.session.emit(HostSync(b.session.thread_tid(), "event", self.eid, stacks.capture()))
+            b.sink.emit(HostSync(b.sink.thread_tid(), "event", self.eid, stacks.capture()))
         return done
 
     def elapsed_time(self, end_event) -> float:
@@ -146,20 +146,20 @@ class SimGraph:
     _backend = None
 
     def __init__(self, keep_graph=False):
-        self.gid = self._backend.session.new_graph_id()
+        self.gid = self._backend.sink.new_graph_id()
         self._thunks = None
         self._prev_capture = None
 
     def capture_begin(self, pool=None, capture_error_mode="global"):
         b = self._backend
         self._capture = _Capture(self)
-        self._prev_capture = b.session.set_capture_state(self._capture)
+        self._prev_capture = b.set_capture_state(self._capture)
 
     def capture_end(self):
         b = self._backend
-        b.session.set_capture_state(self._prev_capture)
+        b.set_capture_state(self._prev_capture)
         self._thunks = self._capture.thunks
-        b.session.emit(GraphCapture(b.session.thread_tid(), self.gid, list(self._capture.ops),
+        b.sink.emit(GraphCapture(b.sink.thread_tid(), self.gid, list(self._capture.ops),
                                     stacks.capture()))
 
     def replay(self):
@@ -167,10 +167,10 @@ class SimGraph:
         if self._thunks is None:
             raise RuntimeError("replay() of a graph that was never captured")
         stream = b.current_stream()
-        hook = b.session.before_launch
+        hook = b.before_launch
         if hook is not None:
             hook(stream.tid, "graph_replay")
-        b.session.emit(GraphReplay(b.session.thread_tid(), self.gid, stream.tid, stacks.capture()))
+        b.sink.emit(GraphReplay(b.sink.thread_tid(), self.gid, stream.tid, stacks.capture()))
         thunks = self._thunks
         b.executor.launch(stream.tid, lambda: _rerun(thunks))
 
@@ -258,7 +258,7 @@ class SimDeviceModule:
     def synchronize(self, device=None) -> None:
         b = self._backend
         b.executor.sync_all()
-        b.session.emit(HostSync(b.session.thread_tid(), "device", None, stacks.capture()))
+        b.emit_host_sync("device", None, skip=3)
 
     def is_available(self) -> bool:
         return True
@@ -276,7 +276,7 @@ class SimDeviceModule:
         return "racecheck sim"
 
     def is_current_stream_capturing(self) -> bool:
-        return self._backend.session.capture_state() is not None
+        return self._backend.capture_state() is not None
 
     def graph_pool_handle(self):
         return (0, 0)
@@ -300,13 +300,12 @@ class _ThreadStream(threading.local):
     stream = None
 
 
-class SimBackend:
+class SimBackend(Backend):
     name = "sim"
     device_type = "cpu"
 
-    def __init__(self, session, executor=None):
-        self.session = session
-        self.executor = executor if executor is not None else EagerExecutor()
+    def __init__(self, sink, executor=None):
+        super().__init__(sink, executor)
         self.streams: dict = {}
         self._tls = _ThreadStream()
         self.module = SimDeviceModule(self)
@@ -353,34 +352,25 @@ class SimBackend:
 
     def host_wait_stream(self, stream_tid) -> None:
         self.executor.sync_stream(stream_tid)
-        s = self.session
-        s.emit(HostSync(s.thread_tid(), "stream", stream_tid, stacks.capture(skip=3)))
-
-    def host_read_sync(self, stream_tid) -> None:
-        self.executor.sync_stream(stream_tid)
+        self.emit_host_sync("stream", stream_tid, skip=4)
 
     # -- special ops ----------------------------------------------------------------------------
     def _is_pinned(self, func, args, kwargs):
-        return self.session.footprints.registry.is_host(args[0])
+        return self.footprints.registry.is_host(args[0])
 
     def _pin(self, func, args, kwargs):
         src = args[0]
         with _disable_current_modes():
             out = torch.empty_like(src)
             out.copy_(src)
-        self.session.footprints.registry.lookup(out, host=True)
+        self.footprints.registry.lookup(out, host=True)
         return out
 
-    def delay(self, stream, microseconds: float) -> None:
-        tid = self.stream_of(stream)
-        if tid is not None:
-            self.executor.delay(tid, microseconds)
-
-    def install(self) -> None:
-        pass
-
-    def uninstall(self) -> None:
-        pass
+    def stream_index(self, tid) -> int | None:
+        for k, t in enumerate(self.streams):
+            if t == tid:
+                return k
+        return None
 
     def stream_of(self, stream) -> int | None:
         """Timeline id of a stream object the user passes (record_stream), or None if foreign."""

@@ -62,7 +62,7 @@ def test_findings_read_during_the_session_include_every_event_so_far():
         with dm.stream(s):
             x.add_(1)
         assert [(f.rule, f.tensor) for f in rc.findings] == [("RC001", "x")]
-        assert rc.checker.events_processed == len(rc.trace) == rc.position
+        assert rc.checker.events_processed == len(rc.trace) == rc.recorder.position
 
 
 def test_a_checker_bug_mid_batch_stops_checking_and_names_the_event(monkeypatch):

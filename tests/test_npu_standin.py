@@ -362,7 +362,7 @@ def check_reentrant_emit(ctx):
     from racecheck.trace import HostSync, Kernel
     with ctx.session(record_trace=True) as rc:
         x = torch.zeros(8, device=ctx.device)
-        thread = rc.thread_tid()
+        thread = rc.recorder.thread_tid()
         stream = rc.backend.current_stream_tid()
 
         class Token:
@@ -370,7 +370,7 @@ def check_reentrant_emit(ctx):
 
         for k in range(3):
             tok = Token()
-            weakref.finalize(tok, lambda: rc.emit(HostSync(thread, "stream", stream)))
+            weakref.finalize(tok, lambda: rc.recorder.emit(HostSync(thread, "stream", stream)))
             polls = {"n": 0}
 
             def resolve(tok=tok, polls=polls, k=k):
@@ -378,12 +378,12 @@ def check_reentrant_emit(ctx):
                 if polls["n"] == 1:
                     return None                       # values not there yet
                 if k == 2 and polls["n"] == 2:
-                    rc.emit(HostSync(thread, "device", None))    # a callback during a resolve
+                    rc.recorder.emit(HostSync(thread, "device", None))    # a callback during a resolve
                 return Kernel(thread, stream, (), (), f"deferred{k}")
-            rc.emit_pending(None, resolve)
+            rc.recorder.emit_pending(None, resolve)
             del tok, resolve                          # the resolver holds the last reference
             x.add_(1)                                 # queued behind the deferred event
-            rc.flush_pending()                        # resolves; freeing the resolver emits
+            rc.recorder.flush_pending()                        # resolves; freeing the resolver emits
     assert not rc.internal_errors, "\n".join(rc.internal_errors)
     ops = [getattr(e, "op", None) for e in rc.trace.events if isinstance(e, Kernel)]
     assert [o for o in ops if o and o.startswith("deferred")] == ["deferred0", "deferred1", "deferred2"]
@@ -395,7 +395,7 @@ def check_index_snapshots_freed_by_refcount(ctx):
     (a garbage-collector pass freeing pinned memory inside a graph capture breaks the capture)."""
     import gc
 
-    from racecheck.instrumentation.cuda import _DeferredFootprint
+    from racecheck.instrumentation.device import _DeferredFootprint
     gc.collect()
     was = gc.isenabled()
     gc.disable()
