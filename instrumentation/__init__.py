@@ -31,6 +31,9 @@ def install_session(backend, *, route_cuda: bool = False) -> list:
     from .patches import install_patches
 
     undo = []
+    if route_cuda:
+        from .routing import route_cuda_to
+        undo.extend(route_cuda_to(backend))
     undo.extend(install_patches(backend))
     mode = Interceptor(backend)
     mode.__enter__()
@@ -53,7 +56,4 @@ def install_session(backend, *, route_cuda: bool = False) -> list:
         backend.installed = False
         backend.uninstall()
     undo.append(uninstall)
-    if route_cuda:
-        from .routing import route_cuda_to
-        undo.extend(route_cuda_to(backend))
     return undo

@@ -75,6 +75,7 @@ class Backend(abc.ABC):
     name = "base"
     module = None
     installed = False               # between install_session() and its undo
+    routes_cuda = False             # sim standing in for torch.cuda (instrumentation/routing.py)
     op_stream_tid = None
     strip_pin_memory = True
     runs_at_issue = False

@@ -69,7 +69,7 @@ class OpClass:
 
     __slots__ = ("name", "args", "out_roles", "inplace_self", "index", "no_access",
                  "is_view", "is_copy", "is_scalar_read", "data_dependent", "factory_meta_self",
-                 "metadata_inplace", "has_pin_memory", "plain_args", "arg_names")
+                 "metadata_inplace", "has_pin_memory", "has_device", "plain_args", "arg_names")
 
     def __init__(self, func):
         schema = func._schema
@@ -107,6 +107,7 @@ class OpClass:
         self.no_access = name in NO_ACCESS
         self.metadata_inplace = name in METADATA_INPLACE
         self.has_pin_memory = any(a.name == "pin_memory" for a in schema.arguments)
+        self.has_device = any(a.name == "device" for a in schema.arguments)
         self.is_copy = name == "copy_"
         self.is_scalar_read = name == "_local_scalar_dense"
         self.data_dependent = name in DATA_DEPENDENT

@@ -19,6 +19,10 @@ from . import stacks
 from .classify import META, READ_WRITE, WRITE, classify, iter_out_tensors
 from .footprints import CACHE_ATTR
 from .indexops import index_footprint
+from .routing import is_cuda_device
+
+_CPU = torch.device("cpu")
+HOST, DEVICE = "host", "device"     # where an op's results go when routing says so
 
 BORN_ATTR = "_racecheck_born"
 
@@ -108,6 +112,8 @@ class Interceptor(TorchDispatchMode):
             plan = _fast_kernel(self, oc, func) if fast else _generic_kernel(self, oc)
         elif oc.has_pin_memory:
             plan = self._unless_pinned(plan)
+        if oc.has_device and self.backend.routes_cuda:
+            plan = self._placed(plan, oc)
         self._funcs.append(func)
         self._plans[id(func)] = plan
         return plan
@@ -124,6 +130,28 @@ class Interceptor(TorchDispatchMode):
         if oc.is_scalar_read:
             return self._scalar_read
         return None
+
+    def _placed(self, plan, oc):
+        """torch.cuda routing: `device="cuda"` makes sim device memory, the CPU host memory (a
+        factory with no device is a host tensor, as on a GPU machine; `*_like`/`new_*` without
+        one follow their input)."""
+        kernel = self._kernel
+        allocating_host = self.backend.allocating_host
+        inherits = bool(oc.args)
+
+        def plan_placed(func, args, kwargs):
+            d = kwargs.get("device")
+            if is_cuda_device(d):
+                kwargs = dict(kwargs)
+                kwargs["device"] = _CPU
+                return kernel(func, args, kwargs, oc, place=DEVICE)
+            if d is None and inherits:
+                return plan(func, args, kwargs)
+            if kwargs.get("pin_memory"):
+                return plan(func, args, kwargs)
+            with allocating_host():
+                return kernel(func, args, kwargs, oc, place=HOST)
+        return plan_placed
 
     def _unless_pinned(self, plan):
         pinned = self._pinned_factory
@@ -203,7 +231,7 @@ class Interceptor(TorchDispatchMode):
         self.backend.host_read(args[0], "item", stacks.capture())
         return self.backend.execute_plain(func, args, kwargs)
 
-    def _kernel(self, func, args, kwargs, oc=None):
+    def _kernel(self, func, args, kwargs, oc=None, place=None):
         s = self.sink
         b = self.backend
         if oc is None:
@@ -269,7 +297,7 @@ class Interceptor(TorchDispatchMode):
                 else:
                     reads.append(f)
         stack = stacks.capture()
-        if any_tensor and not any_device:
+        if place is HOST or (any_tensor and not any_device and place is not DEVICE):
             if deferred is not None:     # host memory only: runs now, its indices are final
                 role, pos = deferred
                 t0 = args[0]

@@ -7,6 +7,7 @@ against those names runs unchanged. CPU tensors created inside the session are d
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import torch
@@ -231,6 +232,25 @@ class _StreamContext:
         return False
 
 
+SIM_CAPABILITY = (9, 0)          # reported like an H100 where programs branch on capability
+SIM_MEMORY = 80 * (1 << 30)
+
+
+class SimDeviceProperties:
+    """`torch.cuda.get_device_properties()` look-alike for the one simulated device."""
+
+    name = "racecheck sim"
+    major, minor = SIM_CAPABILITY
+    total_memory = SIM_MEMORY
+    multi_processor_count = 132
+    warp_size = 32
+    gcnArchName = ""
+    is_integrated = False
+
+    def __repr__(self):
+        return f"_SimDeviceProperties(name={self.name!r}, major={self.major}, minor={self.minor})"
+
+
 class SimDeviceModule:
     """What `rc.device_module` returns on sim: the `torch.cuda` names, virtual underneath."""
 
@@ -275,6 +295,28 @@ class SimDeviceModule:
     def get_device_name(self, device=None) -> str:
         return "racecheck sim"
 
+    def get_device_capability(self, device=None) -> tuple:
+        return SIM_CAPABILITY
+
+    def get_device_properties(self, device=None):
+        return SimDeviceProperties()
+
+    def mem_get_info(self, device=None) -> tuple:
+        return (SIM_MEMORY, SIM_MEMORY)
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def init(self) -> None:
+        pass
+
+    def _lazy_init(self) -> None:
+        pass
+
+    def device(self, device):
+        """`torch.cuda.device(i)`: one device, nothing to switch."""
+        return contextlib.nullcontext()
+
     def is_current_stream_capturing(self) -> bool:
         return self._backend.capture_state() is not None
 
@@ -286,6 +328,20 @@ class SimDeviceModule:
 
     def memory_allocated(self, device=None) -> int:
         return 0
+
+    def max_memory_allocated(self, device=None) -> int:
+        return 0
+
+    def memory_reserved(self, device=None) -> int:
+        return 0
+
+    def reset_peak_memory_stats(self, device=None) -> None:
+        pass
+
+    def manual_seed(self, seed) -> None:
+        """Device RNG state: sim ops draw from the CPU generator, which the program seeds itself."""
+
+    manual_seed_all = manual_seed
 
     def _sleep(self, cycles: int) -> None:
         """`torch.cuda._sleep` look-alike: a delay on the current stream (adversarial executor only)."""

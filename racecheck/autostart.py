@@ -2,7 +2,8 @@
 
 `racecheck hook install` writes a one-line `.pth` file into site-packages that calls
 `activate()` when (and only when) `RACECHECK` is set, like `TORCH_CUDA_SANITIZER=1` for CSAN.
-Settings: RACECHECK_DEVICE (sim|cuda|npu, default sim), RACECHECK_REPORT ("FORMAT=FILE,...").
+Settings: RACECHECK_DEVICE (sim|cuda|npu, default sim), RACECHECK_REPORT ("FORMAT=FILE,..."),
+RACECHECK_ROUTE_CUDA=0 (on sim, leave torch.cuda alone; by default sim stands in for it).
 At exit the report is printed; a clean program's exit status becomes 1 when races were found.
 """
 from __future__ import annotations
@@ -23,8 +24,9 @@ def activate() -> None:
     if _session is not None:
         return
     import racecheck
+    from racecheck.session import route_cuda_default
     device = os.environ.get("RACECHECK_DEVICE", "sim")
-    _session = racecheck.session(device=device)
+    _session = racecheck.session(device=device, route_cuda=route_cuda_default(device))
     _session.__enter__()
     atexit.register(_finish)
 

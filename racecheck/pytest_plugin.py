@@ -95,7 +95,8 @@ def pytest_runtest_call(item):
         return
     import racecheck
     start = time.perf_counter()
-    rc = racecheck.session(device=device)
+    from racecheck.session import route_cuda_default
+    rc = racecheck.session(device=device, route_cuda=route_cuda_default(device))
     with rc:
         yield  # the test body; its own outcome (pass, fail, skip) stays the test's
     item.stash[_FINDINGS] = (list(rc.findings), list(rc.internal_errors), time.perf_counter() - start)

@@ -162,6 +162,14 @@ class Session:
             step()
 
 
+def route_cuda_default(device: str) -> bool:
+    """Whether programs run by `racecheck exec`, the start-up hook and `pytest --racecheck` get
+    torch.cuda routing: on sim unless RACECHECK_ROUTE_CUDA is 0/off/false."""
+    import os
+    off = os.environ.get("RACECHECK_ROUTE_CUDA", "").strip().lower() in ("0", "off", "false", "no")
+    return device == "sim" and not off
+
+
 def session(device: str = "sim", **options) -> Session:
     """Context manager: `with racecheck.session(device="sim") as rc: ...; rc.findings`."""
     return Session(device, **options)

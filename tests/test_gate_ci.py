@@ -181,12 +181,11 @@ def test_gate_runs_repo_tests_under_racecheck(tmp_path, capsys):
 import torch, racecheck
 
 def test_unsynced_plan_stream(racecheck_session):
-    dm = racecheck_session.device_module
-    plan = dm.Stream()
+    plan = torch.cuda.Stream()
     racecheck_session.name_stream(plan, "plan_stream")
-    positions = racecheck.name(torch.zeros(6), "mrope_positions")
-    plan.wait_stream(dm.current_stream())
-    with dm.stream(plan):
+    positions = racecheck.name(torch.zeros(6, device="cuda"), "mrope_positions")
+    plan.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(plan):
         positions.add_(1)
     positions.sum()
 

@@ -19,7 +19,7 @@ def test_racy(racecheck_session):
     dm = rc.device_module
     plan = dm.Stream()
     rc.name_stream(plan, "plan_stream")
-    seq_lens = racecheck.name(torch.zeros(8), "seq_lens")
+    seq_lens = racecheck.name(torch.zeros(8, device="cuda"), "seq_lens")
     plan.wait_stream(dm.current_stream())
     with dm.stream(plan):
         seq_lens.add_(1)          # written on plan_stream
@@ -31,7 +31,7 @@ def test_clean(racecheck_session):
     dm = rc.device_module
     plan = dm.Stream()
     rc.name_stream(plan, "plan_stream")
-    seq_lens = racecheck.name(torch.zeros(8), "seq_lens")
+    seq_lens = racecheck.name(torch.zeros(8, device="cuda"), "seq_lens")
     plan.wait_stream(dm.current_stream())
     with dm.stream(plan):
         seq_lens.add_(1)
@@ -57,10 +57,10 @@ def _warm_session():
     its operator libraries twice in one process."""
     import torch
     import racecheck
-    with racecheck.session(device="sim") as rc:
+    with racecheck.session(device="sim", route_cuda=True) as rc:
         s = rc.device_module.Stream()
         with rc.device_module.stream(s):
-            torch.zeros(2).add_(1)
+            torch.zeros(2, device="cuda").add_(1)
         rc.device_module.synchronize()
 
 
@@ -99,7 +99,7 @@ import pytest, torch, racecheck
 def test_marked(racecheck_session):
     dm = racecheck_session.device_module
     s = dm.Stream()
-    x = racecheck.name(torch.zeros(4), "buf")
+    x = racecheck.name(torch.zeros(4, device="cuda"), "buf")
     with dm.stream(s):
         x.add_(1)
     x.mul_(2)

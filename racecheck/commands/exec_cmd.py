@@ -1,9 +1,11 @@
 """`racecheck exec -- python prog.py [args]`: run any program under the detector."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import runpy
 import sys
+import traceback
 
 from racecheck.errors import EXIT_CLEAN, EXIT_FINDINGS, EXIT_INTERNAL, UsageError
 
@@ -15,6 +17,9 @@ def add_arguments(p) -> None:
                    help="also write findings as FORMAT (json, sarif, junit, html, perfetto) to FILE")
     p.add_argument("--save-trace", metavar="FILE", help="save the trace as JSON lines for `racecheck check`")
     p.add_argument("--quiet", action="store_true", help="print only the summary line")
+    p.add_argument("--no-route-cuda", action="store_true",
+                   help="on sim, leave torch.cuda alone (by default sim stands in for it, so a "
+                        "program written for a GPU runs unchanged; also RACECHECK_ROUTE_CUDA=0)")
     p.add_argument("argv", nargs="*", metavar="-- python PROG [ARGS]",
                    help="the program: `python prog.py args`, `python -m module args`, or `prog.py args`")
 
@@ -34,7 +39,7 @@ def _split_program(argv):
     if argv[0].startswith("-"):
         raise UsageError(f"exec: unsupported interpreter option {argv[0]!r}")
     if not os.path.isfile(argv[0]):
-        raise UsageError(f"exec: no such program file: {argv[0]}")
+        raise UsageError(f"exec: no such program file: {argv[0]!r}")
     return "path", argv[0], argv
 
 
@@ -56,32 +61,66 @@ def finish_and_report(session, report_specs, *, quiet=False) -> int:
     return EXIT_FINDINGS if findings else EXIT_CLEAN
 
 
+def _run_program(kind, target) -> int:
+    """Run the program as `python` would; its exit status. A missing module is a usage error."""
+    if kind == "module":
+        try:
+            spec = importlib.util.find_spec(target)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None:
+            raise UsageError(f"exec: no module named {target!r}")
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+    else:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
+        runpy.run_path(target, run_name="__main__")
+    return 0
+
+
+def _print_program_traceback(exc: BaseException) -> None:
+    """The program's own traceback: racecheck's and runpy's frames above it left out."""
+    ours = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>"}
+    tb = exc.__traceback__
+    while tb is not None and (tb.tb_frame.f_code.co_filename in ours
+                              or os.path.abspath(tb.tb_frame.f_code.co_filename) in ours):
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb)
+
+
 def main(args) -> int:
     import racecheck
+    from racecheck.session import route_cuda_default
     kind, target, prog_argv = _split_program(args.argv)
     if args.report:
         from racecheck.reports import parse_report_specs
         parse_report_specs(args.report)  # bad specs fail before the program runs
+    route = route_cuda_default(args.device) and not args.no_route_cuda
     old_argv = sys.argv
     sys.argv = list(prog_argv)
     program_status = 0
-    rc = racecheck.session(device=args.device, record_trace=bool(args.save_trace))
+    usage = None
+    rc = racecheck.session(device=args.device, record_trace=bool(args.save_trace), route_cuda=route)
     with rc:
         try:
-            if kind == "module":
-                runpy.run_module(target, run_name="__main__", alter_sys=True)
-            else:
-                sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
-                runpy.run_path(target, run_name="__main__")
+            program_status = _run_program(kind, target)
+        except UsageError as exc:
+            usage = exc
         except SystemExit as exc:
             code = exc.code
-            program_status = code if isinstance(code, int) else (0 if code is None else 1)
-        except BaseException:
-            import traceback
-            traceback.print_exc()
+            if isinstance(code, int):
+                program_status = code
+            elif code is None:
+                program_status = 0
+            else:
+                sys.stderr.write(f"{code}\n")
+                program_status = 1
+        except BaseException as exc:
+            _print_program_traceback(exc)
             program_status = 1
         finally:
             sys.argv = old_argv
+    if usage is not None:
+        raise usage
     if args.save_trace:
         rc.save_trace(args.save_trace)
     status = finish_and_report(rc, args.report, quiet=args.quiet)

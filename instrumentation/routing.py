@@ -1,0 +1,192 @@
+"""torch.cuda routing on sim: a program written for a GPU runs unchanged on a CPU.
+
+For the session (and restored exactly afterwards) the sim backend stands in for a one-GPU machine:
+
+* `torch.cuda.<name>` for the names in `CUDA_NAMES`, `torch.get_device_module("cuda")` and
+  `torch.get_device_module()` answer with the sim device module;
+* `"cuda"` placements become sim device tensors: factory `device=` arguments (rewritten in the
+  dispatch mode, `Interceptor`), `.cuda()`, `.to("cuda")`, `torch.tensor(..., device="cuda")`,
+  `torch.as_tensor`, `Tensor.new_tensor`, `torch.set_default_device("cuda")`, `with
+  torch.device("cuda")`;
+* CPU placements are host memory, as on a GPU machine: `.cpu()` and `.to("cpu")` of a device
+  tensor make a new host tensor through a copy on the current stream (`non_blocking=True` leaves
+  the host unsynchronized, so reading the result before a sync is RC004).
+
+What routing cannot reach: names bound before the session started (`from torch.cuda import
+Stream`; `racecheck exec` and the start-up hook start routing before the program's own imports),
+C++ extensions that call the CUDA runtime, and tensor metadata: `t.is_cuda` is False and
+`t.device` is `cpu` for sim device tensors, so code that branches on them takes its CPU branch.
+"""
+from __future__ import annotations
+
+import torch
+
+CUDA_NAMES = (
+    "Stream", "Event", "CUDAGraph", "graph", "StreamContext", "current_stream", "default_stream",
+    "stream", "set_stream", "synchronize", "is_available", "device_count", "current_device",
+    "set_device", "get_device_name", "get_device_capability", "get_device_properties",
+    "mem_get_info", "empty_cache", "memory_allocated", "max_memory_allocated", "memory_reserved",
+    "reset_peak_memory_stats", "is_current_stream_capturing", "graph_pool_handle",
+    "is_initialized", "init", "_lazy_init", "device", "manual_seed", "manual_seed_all", "_sleep",
+)
+_CPU = torch.device("cpu")
+
+
+def is_cuda_device(d) -> bool:
+    """Does a device argument (str, torch.device, int index) name a CUDA device?"""
+    if d is None:
+        return False
+    if isinstance(d, torch.device):
+        return d.type == "cuda"
+    if isinstance(d, str):
+        return d == "cuda" or d.startswith("cuda:")
+    return isinstance(d, int) and not isinstance(d, bool)
+
+
+class _Patches:
+    """Attribute patches undone in reverse order; absent attributes are deleted again."""
+
+    def __init__(self):
+        self.undo = []
+
+    def set(self, owner, name, value) -> None:
+        had = name in vars(owner)
+        old = vars(owner).get(name)
+        setattr(owner, name, value)
+        self.undo.append((lambda: setattr(owner, name, old)) if had
+                         else (lambda: delattr(owner, name)))
+
+
+class Router:
+    """Placement rules for one session: which transfers are copies, which memory is host."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.registry = backend.footprints.registry
+
+    def is_device(self, t: torch.Tensor) -> bool:
+        return not self.registry.is_host(t)
+
+    def to_device(self, t: torch.Tensor, dtype, non_blocking: bool, memory_format):
+        """A host tensor's H2D copy into new device memory on the current stream."""
+        out = torch.empty_like(t, dtype=dtype or t.dtype, device="cuda",
+                               memory_format=memory_format or torch.preserve_format)
+        out.copy_(t, non_blocking=non_blocking)
+        return out
+
+    def to_host(self, t: torch.Tensor, dtype, non_blocking: bool, memory_format):
+        """A device tensor's D2H copy into new host memory on the current stream."""
+        with self.backend.allocating_host():
+            out = torch.empty_like(t, dtype=dtype or t.dtype,
+                                   memory_format=memory_format or torch.preserve_format)
+            self.registry.lookup(out, host=True)
+        out.copy_(t, non_blocking=non_blocking)
+        return out
+
+    def created(self, t: torch.Tensor, on_device: bool) -> torch.Tensor:
+        """A tensor made from host data (torch.tensor, as_tensor): its memory kind, and for device
+        memory the blocking upload on the current stream."""
+        if not isinstance(t, torch.Tensor) or t.numel() == 0:
+            return t
+        if not on_device:
+            self.registry.lookup(t, host=True)
+            return t
+        out = torch.empty_like(t, device="cuda")
+        out.copy_(t)         # through the dispatch mode: a device write on the current stream
+        return out
+
+
+def route_cuda_to(backend) -> list:
+    """Install the routing for `backend` (a SimBackend); returns the undo steps."""
+    p = _Patches()
+    dm = backend.module
+    router = Router(backend)
+    for name in CUDA_NAMES:
+        p.set(torch.cuda, name, getattr(dm, name))
+    get_device_module = torch.get_device_module
+
+    def routed_get_device_module(device=None):
+        if device is None or is_cuda_device(device):
+            return dm
+        return get_device_module(device)
+    p.set(torch, "get_device_module", routed_get_device_module)
+
+    _patch_tensor_methods(p, router)
+    _patch_constructors(p, router)
+    backend.routes_cuda = True
+    p.undo.append(lambda: setattr(backend, "routes_cuda", False))
+    return p.undo
+
+
+def _patch_tensor_methods(p: _Patches, router: Router) -> None:
+    T = torch.Tensor
+    orig_to, orig_cpu, orig_cuda, orig_new_tensor = T.to, T.cpu, T.cuda, T.new_tensor
+    parse_to = torch._C._nn._parse_to
+
+    def to(self, *args, **kwargs):
+        if args and isinstance(args[0], torch.dtype) and "device" not in kwargs:
+            return orig_to(self, *args, **kwargs)          # a dtype conversion: the common case
+        copy = kwargs.pop("copy", False)
+        device, dtype, non_blocking, memory_format = parse_to(*args, **kwargs)
+        if device is None:
+            return orig_to(self, *args, copy=copy, **kwargs)
+        if is_cuda_device(device):
+            if router.is_device(self):
+                return orig_to(self, dtype=dtype, non_blocking=non_blocking, copy=copy,
+                               memory_format=memory_format or torch.preserve_format) \
+                    if dtype is not None or copy else self
+            return router.to_device(self, dtype, non_blocking, memory_format)
+        if device.type == "cpu" and router.is_device(self):
+            return router.to_host(self, dtype, non_blocking, memory_format)
+        return orig_to(self, *args, copy=copy, **kwargs)
+
+    def cpu(self, memory_format=torch.preserve_format):
+        if router.is_device(self):
+            return router.to_host(self, None, False, memory_format)
+        return orig_cpu(self, memory_format=memory_format)
+
+    def cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
+        if router.is_device(self):
+            return self
+        return router.to_device(self, None, non_blocking, memory_format)
+
+    def new_tensor(self, data, *args, **kwargs):
+        device = kwargs.get("device")
+        on_device = is_cuda_device(device) or (device is None and router.is_device(self))
+        kwargs["device"] = _CPU
+        return router.created(orig_new_tensor(self, data, *args, **kwargs), on_device)
+
+    for name, fn, orig in (("to", to, orig_to), ("cpu", cpu, orig_cpu), ("cuda", cuda, orig_cuda),
+                           ("new_tensor", new_tensor, orig_new_tensor)):
+        fn.__name__ = name
+        fn.__wrapped__ = orig
+        p.set(T, name, fn)
+
+
+def _patch_constructors(p: _Patches, router: Router) -> None:
+    def wrap(name):
+        orig = getattr(torch, name)
+
+        def construct(data, *args, **kwargs):
+            device = kwargs.get("device")
+            if isinstance(data, torch.Tensor) and name != "tensor":
+                if is_cuda_device(device):
+                    kwargs.pop("device")
+                    return orig(data, *args, **kwargs).cuda()
+                return orig(data, *args, **kwargs)
+            on_device = is_cuda_device(device) or (device is None and _default_is_cuda())
+            kwargs["device"] = _CPU
+            return router.created(orig(data, *args, **kwargs), on_device)
+        construct.__name__ = name
+        construct.__wrapped__ = orig
+        return construct
+
+    for name in ("tensor", "as_tensor", "asarray"):
+        p.set(torch, name, wrap(name))
+
+
+def _default_is_cuda() -> bool:
+    """`torch.set_default_device("cuda")` or `with torch.device("cuda")` is in effect (their
+    DeviceContext adds `device="cuda"` to factory calls, which the dispatch mode reroutes)."""
+    from torch.utils import _device
+    return is_cuda_device(getattr(_device, "CURRENT_DEVICE", None))
