@@ -77,26 +77,31 @@ def pytest_report_header(config):
 
 
 def _settings(item):
-    """(enabled, device) for one test: the flag, overridden by its `racecheck` marker."""
+    """(enabled, device, route_cuda) for one test: the flags, overridden by its `racecheck`
+    marker (`@pytest.mark.racecheck(route_cuda=False)`: CPU tensors are device memory, as in
+    tests written against `racecheck_session.device_module`)."""
+    from racecheck.session import route_cuda_default
     state = item.config.stash[_STATE]
     enabled, device = state.enabled, state.device
     marker = item.get_closest_marker("racecheck")
+    route = None
     if marker is not None:
         enabled = bool(marker.kwargs.get("enabled", marker.args[0] if marker.args else True))
         device = marker.kwargs.get("device") or device
-    return enabled, device
+        route = marker.kwargs.get("route_cuda")
+    route = route_cuda_default(device) if route is None else bool(route) and device == "sim"
+    return enabled, device, route
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
-    enabled, device = _settings(item)
+    enabled, device, route = _settings(item)
     if not enabled:
         yield
         return
     import racecheck
     start = time.perf_counter()
-    from racecheck.session import route_cuda_default
-    rc = racecheck.session(device=device, route_cuda=route_cuda_default(device))
+    rc = racecheck.session(device=device, route_cuda=route)
     with rc:
         yield  # the test body; its own outcome (pass, fail, skip) stays the test's
     item.stash[_FINDINGS] = (list(rc.findings), list(rc.internal_errors), time.perf_counter() - start)

@@ -144,3 +144,30 @@ def test_bad_options_are_usage_errors(suite, tmp_path):
     bad.write_text("RC001 seq_lens\n")
     result = suite.runpytest("--racecheck", f"--racecheck-suppressions={bad}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
+
+
+def test_route_cuda_marker_off_keeps_cpu_tensors_as_device_memory(pytester):
+    """Tests written against `racecheck_session.device_module` with CPU tensors opt out of
+    routing; under routing (the default) a CPU tensor is host memory, as on a GPU machine."""
+    pytester.makepyfile(test_style='''
+import pytest, torch, racecheck
+
+def _race(rc):
+    dm = rc.device_module
+    s = dm.Stream()
+    x = racecheck.name(torch.zeros(4), "x")
+    s.wait_stream(dm.current_stream())
+    with dm.stream(s):
+        x.add_(1)
+    x.sum()
+
+@pytest.mark.racecheck(route_cuda=False)
+def test_device_module_style(racecheck_session):
+    _race(racecheck_session)
+
+def test_gpu_program_style(racecheck_session):
+    _race(racecheck_session)      # x is host memory here: host work, never a stream race
+''')
+    result = pytester.runpytest("--racecheck", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1)
+    assert "FAILED test_style.py::test_device_module_style" in result.stdout.str()
