@@ -51,6 +51,12 @@ def install_session(backend, *, route_cuda: bool = False) -> list:
     undo.append(lambda: threading.setprofile(prev_profile))
     backend.install()
     backend.installed = True
+    from .triton_kernels import TritonHook
+    triton = TritonHook(backend)
+    backend.kernels.install()
+    undo.append(backend.kernels.uninstall)
+    triton.install()
+    undo.append(triton.uninstall)
 
     def uninstall():
         backend.installed = False

@@ -584,13 +584,13 @@ class AdversarialExecutor(Executor):
             return results[0], fresh
         return tuple(results), fresh
 
-    def launch(self, stream, thunk) -> None:
+    def launch(self, stream, thunk, name: str = "graph_replay") -> None:
         with self._lock:
             st = self._stream(stream)
             index = st.nops
             st.nops += 1
-            self._issue_hold(st, index, "graph_replay")
-            self._enqueue(st, _Launch(self._next_seq(), st, thunk, "graph_replay", index))
+            self._issue_hold(st, index, name)
+            self._enqueue(st, _Launch(self._next_seq(), st, thunk, name, index))
             self._host_step()
 
     def record(self, event, stream) -> None:

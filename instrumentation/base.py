@@ -88,6 +88,8 @@ class Backend(abc.ABC):
         self.before_launch = None       # (stream tid, op name) -> None, called before each launch
         self.special_ops: dict = {}
         self._internal_reads = _InternalReads(sink.tls)
+        from .kernels import KernelLauncher
+        self.kernels = KernelLauncher(self)     # Triton launches, declared opaque kernels
 
     # -- what a backend must say ----------------------------------------------------------------
     @abc.abstractmethod

@@ -20,8 +20,8 @@ class Executor:
     def run(self, stream, func, args, kwargs):
         return func(*args, **kwargs)
 
-    def launch(self, stream, thunk) -> None:
-        """Device work with no result the host needs now (graph replays)."""
+    def launch(self, stream, thunk, name: str = "graph_replay") -> None:
+        """Device work with no result the host needs now (graph replays, Triton launches)."""
         thunk()
 
     def record(self, event, stream) -> None:

@@ -19,9 +19,12 @@ from . import stacks
 from .classify import META, READ_WRITE, WRITE, classify, iter_out_tensors
 from .footprints import CACHE_ATTR
 from .indexops import index_footprint
+from .kernels import declared_op
 from .routing import is_cuda_device
 
 _CPU = torch.device("cpu")
+_TORCH_NAMESPACES = frozenset({"aten", "prims", "_c10d_functional", "c10d", "profiler", "debugprims",
+                               "rngprims", "quantized", "_quantized", "higher_order"})
 HOST, DEVICE = "host", "device"     # where an op's results go when routing says so
 
 BORN_ATTR = "_racecheck_born"
@@ -114,6 +117,8 @@ class Interceptor(TorchDispatchMode):
             plan = self._unless_pinned(plan)
         if oc.has_device and self.backend.routes_cuda:
             plan = self._placed(plan, oc)
+        if func.namespace not in _TORCH_NAMESPACES:
+            plan = self._custom(func, oc, plan)
         self._funcs.append(func)
         self._plans[id(func)] = plan
         return plan
@@ -130,6 +135,29 @@ class Interceptor(TorchDispatchMode):
         if oc.is_scalar_read:
             return self._scalar_read
         return None
+
+    def _custom(self, func, oc, plan):
+        """An extension op: its declaration (`racecheck.kernel("ns::op", ...)`) says what it
+        reads and writes; one whose schema declares no writes and that has no declaration runs
+        as usual and is counted in the coverage (its writes, if any, are invisible)."""
+        qualified = func._schema.name
+        decl = declared_op(qualified)
+        kernels = self.backend.kernels
+        if decl is not None:
+            names = [a.name for a in func._schema.arguments]
+
+            def plan_declared(func, args, kwargs):
+                named = dict(zip(names, args))
+                named.update(kwargs)
+                return kernels.launch_declared(decl, func, None, args, kwargs, named=named)
+            return plan_declared
+        if any(role in (WRITE, READ_WRITE) for *_, role in oc.args) or oc.no_access or oc.is_view:
+            return plan
+
+        def plan_unchecked(func, args, kwargs):
+            kernels.coverage.note(qualified, stacks.site())
+            return plan(func, args, kwargs)
+        return plan_unchecked
 
     def _placed(self, plan, oc):
         """torch.cuda routing: `device="cuda"` makes sim device memory, the CPU host memory (a

@@ -172,3 +172,13 @@ def _walk(f, limit: int, internal=_internal) -> tuple:
         _last.clear()
     _last[site] = out
     return out
+
+
+def site(skip: int = 3) -> str:
+    """"file.py:123" of the first user frame (for coverage notes; not on the per-op path)."""
+    from racecheck.trace import frame_info
+    frames = capture(limit=1, skip=skip)
+    if not frames:
+        return ""
+    filename, line, _fn = frame_info(frames[0])
+    return f"{os.path.basename(filename)}:{line}"

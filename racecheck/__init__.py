@@ -13,7 +13,8 @@ from .session import Session, active_session, session
 
 __version__ = "0.1.0"
 
-__all__ = ["session", "Session", "name", "delay", "Finding", "Access", "active_session", "__version__"]
+__all__ = ["session", "Session", "name", "delay", "kernel", "Finding", "Access", "active_session",
+           "__version__"]
 
 
 def name(t, name: str):
@@ -36,3 +37,9 @@ def delay(stream, microseconds: float) -> None:
     s = active_session()
     if s is not None:
         s.backend.delay(stream, microseconds)
+
+
+def kernel(target=None, *, reads=(), writes=(), reference=None, name=None):
+    """Declare an opaque kernel's reads and writes (see racecheck.instrumentation.kernels)."""
+    from racecheck.instrumentation.kernels import kernel as declare
+    return declare(target, reads=reads, writes=writes, reference=reference, name=name)

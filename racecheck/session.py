@@ -82,6 +82,11 @@ class Session:
         return self.backend.footprints
 
     @property
+    def coverage(self) -> dict:
+        """Launches that ran unclassified (undeclared extension ops): see instrumentation.kernels."""
+        return self.backend.kernels.coverage.to_json() if self.backend is not None else {}
+
+    @property
     def before_launch(self):
         return self.backend.before_launch if self.backend is not None else self._before_launch
 

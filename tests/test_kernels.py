@@ -1,0 +1,284 @@
+"""Device work outside ATen: Triton launches (footprints from the kernel source) and declared
+opaque kernels, on sim with torch.cuda routing."""
+import pytest
+import torch
+
+import racecheck
+
+triton = pytest.importorskip("triton")
+tl = pytest.importorskip("triton.language")
+
+from racecheck.instrumentation.triton_kernels import analyze  # noqa: E402
+
+
+# -- kernels ----------------------------------------------------------------------------------
+
+@triton.jit
+def _store_at(ptr, offs, v, mask):
+    tl.store(ptr + offs, v, mask=mask)
+
+
+@triton.jit
+def _row_base(table, row, width: tl.constexpr):
+    return table + row * width
+
+
+@triton.jit
+def gather_scale(x_ptr, out_ptr, idx_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    i = tl.load(idx_ptr + offs, mask=mask, other=0)     # a loaded value is data, not a pointer
+    x = tl.load(x_ptr + i, mask=mask)
+    _store_at(out_ptr, offs, x * 2, mask)
+
+
+@triton.jit
+def row_copy(table, rows, out, width: tl.constexpr):
+    pid = tl.program_id(0)
+    row = tl.load(rows + pid)
+    src = _row_base(table, row, width)
+    cols = tl.arange(0, width)
+    tl.store(out + pid * width + cols, tl.load(src + cols))
+
+
+@triton.jit
+def count(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.atomic_add(x_ptr + offs, 1, mask=offs < n)
+
+
+@triton.jit
+def block_ptr_copy(src, dst, n: tl.constexpr):
+    s = tl.make_block_ptr(base=src, shape=(n,), strides=(1,), offsets=(0,), block_shape=(n,),
+                          order=(0,))
+    d = tl.make_block_ptr(base=dst, shape=(n,), strides=(1,), offsets=(0,), block_shape=(n,),
+                          order=(0,))
+    tl.store(d, tl.load(s))
+
+
+def _python_helper(p):
+    return p
+
+
+@triton.jit
+def opaque_use(a, b):
+    tl.store(b, tl.load(_python_helper(a)))
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 4}), triton.Config({"BLOCK": 8})], key=["n"])
+@triton.jit
+def add_one(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=m) + 1, mask=m)
+
+
+@triton.heuristics(values={"BLOCK": lambda args: 8})
+@triton.jit
+def fill_seven(out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.full((BLOCK,), 7.0, tl.float32), mask=offs < n)
+
+
+# -- analysis ---------------------------------------------------------------------------------
+
+def test_loaded_values_are_not_pointers_and_helpers_are_followed():
+    acc = analyze(gather_scale)
+    assert {"x_ptr", "idx_ptr"} <= acc.reads and "out_ptr" not in acc.reads
+    assert "out_ptr" in acc.writes and not ({"x_ptr", "idx_ptr"} & acc.writes)
+    assert not acc.unknown
+
+
+def test_a_helpers_returned_pointer_keeps_its_provenance():
+    acc = analyze(row_copy)
+    assert {"table", "rows"} <= acc.reads and acc.writes == {"out"}
+
+
+def test_atomics_read_and_write():
+    acc = analyze(count)
+    assert "x_ptr" in acc.reads and "x_ptr" in acc.writes
+
+
+def test_block_pointers():
+    acc = analyze(block_ptr_copy)
+    assert "src" in acc.reads and acc.writes == {"dst"}
+
+
+def test_unknown_calls_are_approximate():
+    acc = analyze(opaque_use)
+    assert "a" in acc.unknown and acc.reason
+    assert acc.writes == {"b"}
+
+
+# -- launches on sim --------------------------------------------------------------------------
+
+def _race_through(kernel_launch, *, wait):
+    with racecheck.session(device="sim", route_cuda=True) as rc:
+        s = torch.cuda.Stream()
+        x = racecheck.name(torch.arange(8, dtype=torch.float32, device="cuda"), "x")
+        out = racecheck.name(torch.zeros(8, device="cuda"), "out")
+        idx = torch.arange(8, device="cuda")
+        torch.cuda.synchronize()
+        with torch.cuda.stream(s):
+            kernel_launch(x, out, idx)
+        if wait:
+            torch.cuda.current_stream().wait_stream(s)
+        total = out.sum().item()
+    return rc, total
+
+
+def test_triton_write_on_a_side_stream_read_without_wait_is_rc001():
+    rc, total = _race_through(lambda x, out, idx: gather_scale[(2,)](x, out, idx, 8, BLOCK=4),
+                              wait=False)
+    assert [(f.rule, f.tensor, f.previous.op) for f in rc.findings] == [
+        ("RC001", "out", "gather_scale")]
+    assert total == 56.0          # the interpreter really ran the kernel
+    assert not rc.internal_errors
+
+
+def test_triton_synchronized_is_clean():
+    rc, total = _race_through(lambda x, out, idx: gather_scale[(2,)](x, out, idx, 8, BLOCK=4),
+                              wait=True)
+    assert rc.findings == [] and total == 56.0
+
+
+def test_autotuned_kernel_runs_once_with_the_first_config():
+    with racecheck.session(device="sim", route_cuda=True, record_trace=True) as rc:
+        s = torch.cuda.Stream()
+        x = racecheck.name(torch.zeros(8, device="cuda"), "x")
+        torch.cuda.synchronize()
+        with torch.cuda.stream(s):
+            add_one[lambda meta: (triton.cdiv(8, meta["BLOCK"]),)](x, 8)
+        x.sum()
+    launches = [e for e in rc.trace.events if getattr(e, "op", None) == "add_one"]
+    assert len(launches) == 1, "autotuning on sim must not benchmark"
+    assert [(f.rule, f.tensor) for f in rc.findings] == [("RC001", "x")]
+    assert add_one.best_config.kwargs == {"BLOCK": 4}
+
+
+def test_heuristics_kernel():
+    with racecheck.session(device="sim", route_cuda=True) as rc:
+        out = torch.zeros(8, device="cuda")
+        fill_seven[(1,)](out, 8)
+        got = out.tolist()
+    assert got == [7.0] * 8 and rc.findings == []
+
+
+def test_triton_launch_inside_a_graph_is_replayed():
+    with racecheck.session(device="sim", route_cuda=True) as rc:
+        x = torch.zeros(8, device="cuda")
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            add_one[(2,)](x, 8)
+        before = x.sum().item()
+        g.replay()
+        g.replay()
+        after = x.sum().item()
+    assert (before, after) == (8.0, 24.0)
+    assert not rc.internal_errors
+
+
+def test_queued_executor_runs_triton_in_stream_order():
+    from racecheck.instrumentation.adversarial import AdversarialExecutor
+    plan = {"priorities": {"#0": 5, "#1": 1}, "host": 9}
+    with racecheck.session(device="sim", route_cuda=True,
+                           executor=AdversarialExecutor(plan)) as rc:
+        s = torch.cuda.Stream()
+        out = torch.zeros(8, device="cuda")
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fill_seven[(1,)](out, 8)
+        torch.cuda.current_stream().wait_stream(s)
+        got = out.tolist()
+    assert got == [7.0] * 8 and rc.findings == []
+
+
+# -- opaque kernels ---------------------------------------------------------------------------
+
+def test_declared_python_launcher_race_is_found():
+    @racecheck.kernel(reads=["x"], writes=["out"])
+    def scale(x, out):
+        out.copy_(x * 3)            # stands in for an extension's launch
+
+    with racecheck.session(device="sim", route_cuda=True) as rc:
+        s = torch.cuda.Stream()
+        x = racecheck.name(torch.ones(4, device="cuda"), "x")
+        out = racecheck.name(torch.zeros(4, device="cuda"), "out")
+        torch.cuda.synchronize()
+        with torch.cuda.stream(s):
+            scale(x, out)
+        out.sum()
+    assert [(f.rule, f.tensor, f.previous.op) for f in rc.findings] == [("RC001", "out", "scale")]
+
+
+def test_declared_by_import_path_with_a_reference_on_sim(tmp_path, monkeypatch):
+    mod = tmp_path / "fake_ext.py"
+    mod.write_text("def fused(a, out):\n    raise RuntimeError('needs a GPU')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import fake_ext
+    decl = racecheck.kernel("fake_ext.fused", reads=["a"], writes=["out"],
+                            reference=lambda a, out: out.copy_(a + 1))
+    try:
+        with racecheck.session(device="sim", route_cuda=True) as rc:
+            s = torch.cuda.Stream()
+            a = racecheck.name(torch.ones(4, device="cuda"), "a")
+            out = racecheck.name(torch.zeros(4, device="cuda"), "out")
+            torch.cuda.synchronize()
+            with torch.cuda.stream(s):
+                fake_ext.fused(a, out)
+            got = out.tolist()
+        assert got == [2.0] * 4
+        assert [(f.rule, f.tensor) for f in rc.findings] == [("RC001", "out")]
+    finally:
+        from racecheck.instrumentation import kernels
+        kernels._by_path.pop(decl.target, None)
+    assert fake_ext.fused.__name__ == "fused" and not hasattr(fake_ext.fused, "racecheck_kernel")
+
+
+def _define_ext_op(name):
+    lib = torch.library.Library("rctest", "FRAGMENT")
+    lib.define(f"{name}(Tensor x, Tensor out) -> ()")        # no (a!): writes undeclared
+
+    def impl(x, out):
+        out.copy_(x * 2)
+    lib.impl(name, impl, "CPU")
+    return lib
+
+
+def test_undeclared_extension_op_is_listed_in_coverage():
+    lib = _define_ext_op("scale_undeclared")
+    with racecheck.session(device="sim", route_cuda=True) as rc:
+        x = torch.ones(4, device="cuda")
+        out = torch.zeros(4, device="cuda")
+        torch.ops.rctest.scale_undeclared(x, out)
+        torch.ops.rctest.scale_undeclared(x, out)
+    cov = rc.coverage["unchecked"]
+    assert [(c["kernel"], c["launches"]) for c in cov] == [("rctest::scale_undeclared", 2)]
+    assert cov[0]["site"].startswith("test_kernels.py:")
+    del lib
+
+
+def test_declared_extension_op_race_is_found():
+    lib = _define_ext_op("scale_declared")
+    racecheck.kernel("rctest::scale_declared", reads=["x"], writes=["out"])
+    with racecheck.session(device="sim", route_cuda=True) as rc:
+        s = torch.cuda.Stream()
+        x = racecheck.name(torch.ones(4, device="cuda"), "x")
+        out = racecheck.name(torch.zeros(4, device="cuda"), "out")
+        torch.cuda.synchronize()
+        with torch.cuda.stream(s):
+            torch.ops.rctest.scale_declared(x, out)
+        out.sum()
+    assert [(f.rule, f.tensor) for f in rc.findings] == [("RC001", "out")]
+    assert rc.coverage["unchecked"] == []
+    del lib
+
+
+def test_bad_declarations_are_usage_errors():
+    from racecheck.errors import UsageError
+    with pytest.raises(UsageError):
+        @racecheck.kernel(writes=["nope"])
+        def f(x):
+            pass
+    with pytest.raises(UsageError):
+        racecheck.kernel(reads=[3])
