@@ -21,6 +21,7 @@ from . import stacks
 from .executor import EagerExecutor, Executor
 from .footprints import FootprintMaker, StorageRegistry
 from .indexops import index_footprint as host_index_footprint
+from .sites import SyncSites
 
 
 class Sink(Protocol):
@@ -80,8 +81,9 @@ class Backend(abc.ABC):
     strip_pin_memory = True
     runs_at_issue = False
 
-    def __init__(self, sink: Sink, executor: Executor | None = None):
+    def __init__(self, sink: Sink, executor: Executor | None = None, drop_sync=()):
         self.sink = sink
+        self.sites = SyncSites(drop_sync)         # synchronization sites run (and dropped)
         self.tls = sink.tls
         self.executor = executor if executor is not None else EagerExecutor()
         self.footprints = FootprintMaker(StorageRegistry(self._on_new_storage, sink.dead))

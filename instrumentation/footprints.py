@@ -33,6 +33,7 @@ class StorageRegistry:
     def __init__(self, on_new, dead: deque | None = None):
         self._on_new = on_new            # on_new(sid, nbytes, host) -> None
         self._by_cdata: dict = {}        # cdata -> (sid, weakref, host)
+        self._cdata_of: dict = {}        # sid -> cdata, while the storage lives
         self._next = 1
         self.dead: deque = deque() if dead is None else dead   # (sid, stack) died, not yet reported
         self.host_sids: set = set()
@@ -53,20 +54,26 @@ class StorageRegistry:
         host = host or self.new_are_host or (self.host_of is not None and self.host_of(t))
         sid = self._next
         self._next += 1
-        by_cdata, dead, host_sids = self._by_cdata, self.dead, self.host_sids
+        by_cdata, dead, host_sids, cdata_of = self._by_cdata, self.dead, self.host_sids, self._cdata_of
 
         def _died(_ref, key=key, sid=sid):
             cur = by_cdata.get(key)
             if cur is not None and cur[0] == sid:
                 del by_cdata[key]
+            cdata_of.pop(sid, None)
             host_sids.discard(sid)
             dead.append((sid, ()))
 
         self._by_cdata[key] = (sid, weakref.ref(st, _died), host)
+        cdata_of[sid] = key
         if host:
             host_sids.add(sid)
         self._on_new(sid, st.nbytes(), host)
         return sid, host
+
+    def cdata_of(self, sid: int) -> int | None:
+        """C handle of a live storage by its id (names for findings)."""
+        return self._cdata_of.get(sid)
 
     def sid_of_cdata(self, cdata: int) -> int | None:
         """Storage id of a live storage by its C handle (`untyped_storage()._cdata`), if known."""

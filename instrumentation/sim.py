@@ -42,19 +42,24 @@ class SimStream:
 
     def wait_stream(self, stream) -> None:
         b = self._backend
+        if b.sites.visit("wait_stream"):
+            return
         b.sink.emit(StreamWaitStream(b.sink.thread_tid(), self.tid, stream.tid, stacks.capture()))
         b.executor.wait_stream(self.tid, stream.tid)
 
     def wait_event(self, event) -> None:
-        event.wait(self)
+        if not self._backend.sites.visit("wait_event"):
+            event._wait(self)
 
     def record_event(self, event=None):
         event = event if event is not None else self._backend.module.Event()
-        event.record(self)
+        if not self._backend.sites.visit("record", "record_event"):
+            event._record(self)
         return event
 
     def synchronize(self) -> None:
-        self._backend.host_wait_stream(self.tid)
+        if not self._backend.sites.visit("synchronize"):
+            self._backend.host_wait_stream(self.tid)
 
     def query(self) -> bool:
         b = self._backend
@@ -82,12 +87,20 @@ class SimEvent:
         self.eid = self._backend.sink.new_event_id()
 
     def record(self, stream=None) -> None:
+        if not self._backend.sites.visit("record"):
+            self._record(stream)
+
+    def _record(self, stream=None) -> None:
         b = self._backend
         stream = stream if stream is not None else b.current_stream()
         b.sink.emit(EventRecord(b.sink.thread_tid(), self.eid, stream.tid, stacks.capture()))
         b.executor.record(self.eid, stream.tid)
 
     def wait(self, stream=None) -> None:
+        if not self._backend.sites.visit("wait_event", "wait"):
+            self._wait(stream)
+
+    def _wait(self, stream=None) -> None:
         b = self._backend
         stream = stream if stream is not None else b.current_stream()
         b.sink.emit(StreamWaitEvent(b.sink.thread_tid(), stream.tid, self.eid, stacks.capture()))
@@ -95,6 +108,8 @@ class SimEvent:
 
     def synchronize(self) -> None:
         b = self._backend
+        if b.sites.visit("synchronize"):
+            return
         b.executor.sync_event(self.eid)
         b.sink.emit(HostSync(b.sink.thread_tid(), "event", self.eid, stacks.capture()))
 
@@ -277,6 +292,8 @@ class SimDeviceModule:
 
     def synchronize(self, device=None) -> None:
         b = self._backend
+        if b.sites.visit("synchronize"):
+            return
         b.executor.sync_all()
         b.emit_host_sync("device", None, skip=3)
 
@@ -360,8 +377,8 @@ class SimBackend(Backend):
     name = "sim"
     device_type = "cpu"
 
-    def __init__(self, sink, executor=None):
-        super().__init__(sink, executor)
+    def __init__(self, sink, executor=None, drop_sync=()):
+        super().__init__(sink, executor, drop_sync)
         self.streams: dict = {}
         self._tls = _ThreadStream()
         self.module = SimDeviceModule(self)

@@ -60,6 +60,14 @@ def _is_internal(filename: str) -> bool:
     return os.path.basename(filename) in _STDLIB_PLUMBING
 
 
+def is_internal_file(filename: str) -> bool:
+    """Is this file racecheck's machinery, torch, or plumbing (not the program's code)?"""
+    inside = _internal.get(filename)
+    if inside is None:
+        inside = _internal[filename] = _is_internal(filename)
+    return inside
+
+
 def _inside(code, internal=_internal) -> bool:
     fn = code.co_filename
     inside = internal.get(fn)

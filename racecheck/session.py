@@ -82,6 +82,11 @@ class Session:
         return self.backend.footprints
 
     @property
+    def sync_sites(self):
+        """The synchronization sites the program ran (instrumentation.sites.SyncSites)."""
+        return self.backend.sites
+
+    @property
     def coverage(self) -> dict:
         """Launches that ran unclassified (undeclared extension ops): see instrumentation.kernels."""
         return self.backend.kernels.coverage.to_json() if self.backend is not None else {}

@@ -1,0 +1,106 @@
+"""Names for tensors nobody named: the attribute, variable or dict key that holds them.
+
+A finding on a storage with no `racecheck.name` asks `HolderNames.name_of(storage, lo, hi)`,
+once per storage (only findings pay): the live tensors on that storage are found among the
+garbage collector's objects, and the objects that refer to them say what the program calls them:
+
+* an instance attribute: `ForwardBatch.seq_lens` (class name and attribute),
+* a variable in a running frame or a module, or a key of a plain dict: `seq_lens`,
+
+preferring, in that order, the holders of the tensor that best covers the racing bytes. Explicit
+`racecheck.name` always wins (the checker asks only when there is none).
+"""
+from __future__ import annotations
+
+import gc
+import sys
+import types
+
+import torch
+
+from .stacks import is_internal_file
+
+_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+_ATTR, _VARIABLE, _KEY = 0, 1, 2          # holder kinds, best first
+
+
+class HolderNames:
+    def __init__(self, registry):
+        self.registry = registry
+        self._cache: dict = {}
+
+    def name_of(self, storage: int, lo: int = 0, hi: int | None = None) -> str | None:
+        key = (storage, lo, hi)
+        if key in self._cache:
+            return self._cache[key]
+        try:
+            name = self._resolve(storage, lo, hi)
+        except Exception:       # naming is a courtesy: never let it break a report
+            name = None
+        self._cache[key] = name
+        return name
+
+    def forget(self, storage: int) -> None:
+        for k in [k for k in self._cache if k[0] == storage]:
+            del self._cache[k]
+
+    # -- resolution ----------------------------------------------------------------------------
+    def _resolve(self, storage, lo, hi):
+        cdata = self.registry.cdata_of(storage)
+        if cdata is None:
+            return None
+        tensors = [o for o in gc.get_objects() if type(o) in _TENSOR_TYPES
+                   and o.untyped_storage()._cdata == cdata]
+        if not tensors:
+            return None
+        rank = {id(t): self._fit(t, lo, hi) for t in tensors}
+        ids = {id(t): t for t in tensors}
+        candidates = []         # (holder kind, fit, length of name, name)
+        for name, t in self._frame_variables(ids):
+            candidates.append((_VARIABLE, rank[id(t)], len(name), name))
+        dicts = []
+        for ref in gc.get_referrers(*tensors):
+            if isinstance(ref, dict):
+                for k, v in ref.items():
+                    if id(v) in ids and v is ids[id(v)] and isinstance(k, str):
+                        dicts.append((ref, k, v))
+        if dicts:
+            owners = {}
+            for o in gc.get_referrers(*[d for d, _, _ in dicts]):
+                d = getattr(o, "__dict__", None) if not isinstance(o, type) else None
+                if isinstance(d, dict):
+                    owners[id(d)] = o
+            for d, k, v in dicts:
+                o = owners.get(id(d))
+                if isinstance(o, types.ModuleType):
+                    candidates.append((_VARIABLE, rank[id(v)], len(k), k))
+                elif o is not None:
+                    name = f"{type(o).__name__}.{k}"
+                    candidates.append((_ATTR, rank[id(v)], len(name), name))
+                elif k.isidentifier():
+                    candidates.append((_KEY, rank[id(v)], len(k), k))
+        if not candidates:
+            return None
+        return min(candidates, key=lambda c: (c[1], c[0], c[2], c[3]))[3]
+
+    @staticmethod
+    def _fit(t, lo, hi) -> tuple:
+        """How well a view covers the racing bytes [lo, hi): covering first, then smallest."""
+        itemsize = t.element_size()
+        start = t.storage_offset() * itemsize
+        end = start + max(1, t.numel()) * itemsize if t.is_contiguous() else \
+            t.untyped_storage().nbytes()
+        covers = hi is None or (start <= lo and hi <= end)
+        return (0 if covers else 1, end - start)
+
+    def _frame_variables(self, ids):
+        """(variable, tensor) in the running frames of the program (racecheck's own skipped)."""
+        f = sys._getframe(1)
+        depth = 0
+        while f is not None and depth < 64:
+            if not is_internal_file(f.f_code.co_filename):
+                for k, v in f.f_locals.items():
+                    if id(v) in ids and v is ids[id(v)]:
+                        yield k, v
+            f = f.f_back
+            depth += 1
