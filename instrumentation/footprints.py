@@ -71,6 +71,15 @@ class StorageRegistry:
         self._on_new(sid, st.nbytes(), host)
         return sid, host
 
+    def live_spans(self) -> list:
+        """(first byte address, nbytes, sid, host) of every live registered storage."""
+        out = []
+        for sid, ref, host in list(self._by_cdata.values()):
+            st = ref()
+            if st is not None:
+                out.append((st.data_ptr(), st.nbytes(), sid, host))
+        return out
+
     def cdata_of(self, sid: int) -> int | None:
         """C handle of a live storage by its id (names for findings)."""
         return self._cdata_of.get(sid)

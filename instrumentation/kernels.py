@@ -202,6 +202,40 @@ class KernelLauncher:
         ex.launch(stream, run, op)
         return None
 
+    def launch_measured(self, op: str, run, whole):
+        """Run device work whose exact footprints are measured while it runs: `run()` returns
+        (reads, writes) footprints. `whole()` gives covering footprints for a graph capture
+        (a replay may touch other addresses). Queued executors resolve the event when it ran."""
+        b = self.backend
+        sink = b.sink
+        stack = stacks.capture()
+        capture = b.tls.capture
+        if capture is not None:
+            r, w = whole()
+            run()
+            capture.add(CapturedOp(r, w, op, stack), _Thunk(run), (), {}, None)
+            return None
+        stream = b.current_stream_tid()
+        hook = b.before_launch
+        if hook is not None:
+            hook(stream, op)
+        thread = sink.thread_tid()
+        ex = b.executor
+        if ex.eager:
+            r, w = run()
+            sink.emit(Kernel(thread, stream, r, w, op, stack))
+            return None
+        box = []
+        ex.launch(stream, lambda: box.append(run()), op)
+
+        def resolve():
+            if not box:
+                return None
+            r, w = box[0]
+            return Kernel(thread, stream, r, w, op, stack)
+        sink.emit_pending(None, resolve)
+        return None
+
     def launch_declared(self, decl: KernelDecl, fn, sig, args, kwargs, named=None):
         if named is None:
             named = {}

@@ -24,6 +24,8 @@ import threading
 
 import torch
 
+from racecheck.trace import Footprint
+
 _LOADS = {"load"}
 _STORES = {"store"}
 _ATOMICS = {"atomic_add", "atomic_cas", "atomic_xchg", "atomic_max", "atomic_min", "atomic_and",
@@ -40,9 +42,10 @@ class KernelAccess:
     (read and written, approximately). `returns` maps the function's result to parameters (for
     callers that use a helper's result as a pointer)."""
 
-    __slots__ = ("name", "params", "reads", "writes", "unknown", "returns", "reason")
+    __slots__ = ("name", "params", "reads", "writes", "unknown", "returns", "reason", "indirect")
 
-    def __init__(self, name, params, reads=(), writes=(), unknown=(), returns=(), reason=""):
+    def __init__(self, name, params, reads=(), writes=(), unknown=(), returns=(), reason="",
+                 indirect=False):
         self.name = name
         self.params = tuple(params)
         self.reads = frozenset(reads)
@@ -50,6 +53,7 @@ class KernelAccess:
         self.unknown = frozenset(unknown)
         self.returns = frozenset(returns)
         self.reason = reason
+        self.indirect = indirect
 
     def __repr__(self):
         return (f"KernelAccess({self.name}: reads={sorted(self.reads)}, writes={sorted(self.writes)}"
@@ -72,20 +76,86 @@ def kernel_function(kernel):
     return kernel if inspect.isfunction(kernel) else None
 
 
-def analyze(kernel) -> KernelAccess:
-    """The access classification of a Triton kernel, computed once per function."""
+def analyze(kernel, consts: dict | None = None) -> KernelAccess:
+    """The access classification of a Triton kernel; `consts` are the launch's values of its
+    `tl.constexpr` parameters, which decide `if` branches (a dummy argument passed to a disabled
+    branch is not accessed). Computed once per function and constexpr values."""
     fn = kernel_function(kernel)
     if fn is None:
         return KernelAccess(getattr(kernel, "__name__", repr(kernel)), (),
                             reason="no Python source behind the kernel object")
+    key = (fn, _const_key(consts))
     with _cache_lock:
-        hit = _cache.get(fn)
+        hit = _cache.get(key)
     if hit is not None:
         return hit
-    acc = _Analysis(fn, set()).run()
+    acc = _Analysis(fn, set(), consts).run()
     with _cache_lock:
-        _cache[fn] = acc
+        _cache[key] = acc
     return acc
+
+
+def _const_key(consts) -> tuple:
+    if not consts:
+        return ()
+    out = []
+    for k, v in sorted(consts.items()):
+        try:
+            hash(v)
+            out.append((k, v))
+        except TypeError:
+            out.append((k, repr(v)))
+    return tuple(out)
+
+
+_UNKNOWN = object()
+
+
+def _const_eval(e, consts):
+    """The value of an expression built from constants and constexpr parameters, or _UNKNOWN."""
+    if isinstance(e, ast.Constant):
+        return e.value
+    if isinstance(e, ast.Name):
+        return consts.get(e.id, _UNKNOWN)
+    if isinstance(e, ast.UnaryOp):
+        v = _const_eval(e.operand, consts)
+        if v is _UNKNOWN:
+            return v
+        if isinstance(e.op, ast.Not):
+            return not v
+        if isinstance(e.op, ast.USub):
+            return -v
+        return _UNKNOWN
+    if isinstance(e, ast.BoolOp):
+        vals = [_const_eval(v, consts) for v in e.values]
+        if any(v is _UNKNOWN for v in vals):
+            return _UNKNOWN
+        return all(vals) if isinstance(e.op, ast.And) else any(vals)
+    if isinstance(e, ast.Compare) and len(e.ops) == 1:
+        a, b = _const_eval(e.left, consts), _const_eval(e.comparators[0], consts)
+        if a is _UNKNOWN or b is _UNKNOWN:
+            return _UNKNOWN
+        op = e.ops[0]
+        try:
+            if isinstance(op, ast.Eq):
+                return a == b
+            if isinstance(op, ast.NotEq):
+                return a != b
+            if isinstance(op, ast.Lt):
+                return a < b
+            if isinstance(op, ast.LtE):
+                return a <= b
+            if isinstance(op, ast.Gt):
+                return a > b
+            if isinstance(op, ast.GtE):
+                return a >= b
+            if isinstance(op, ast.Is):
+                return a is b
+            if isinstance(op, ast.IsNot):
+                return a is not b
+        except TypeError:
+            return _UNKNOWN
+    return _UNKNOWN
 
 
 def _resolve(node, scope):
@@ -113,9 +183,11 @@ class _Analysis:
 
     MAX_ROUNDS = 20
 
-    def __init__(self, fn, stack: set):
+    def __init__(self, fn, stack: set, consts: dict | None = None):
         self.fn = fn
         self.stack = stack
+        self.consts = {}
+        self.const_params = set()
         self.name = fn.__name__
         self.params = list(inspect.signature(fn).parameters)
         scope = dict(fn.__globals__)
@@ -126,7 +198,9 @@ class _Analysis:
         self.scope = scope
         self.env = {p: {p} for p in self.params}
         self.reads, self.writes, self.unknown, self.returns = set(), set(), set(), set()
+        self.indirect = False           # a load/store through a pointer no argument gave
         self.changed = False
+        self._given = dict(consts or {})
 
     def run(self) -> KernelAccess:
         try:
@@ -139,9 +213,18 @@ class _Analysis:
         if fdef is None:
             return KernelAccess(self.name, self.params, unknown=self.params,
                                 reason="no function definition in the kernel source")
+        defaults = dict(zip([a.arg for a in fdef.args.args][-len(fdef.args.defaults):],
+                            fdef.args.defaults)) if fdef.args.defaults else {}
         for a in fdef.args.args + fdef.args.kwonlyargs:
             if a.annotation is not None and ast.unparse(a.annotation).endswith("constexpr"):
                 self.env[a.arg] = set()          # a compile-time constant is never a pointer
+                self.const_params.add(a.arg)
+                if a.arg in self._given:
+                    self.consts[a.arg] = _unwrap_constexpr(self._given[a.arg])
+                elif a.arg in defaults:
+                    v = _const_eval(defaults[a.arg], {})
+                    if v is not _UNKNOWN:
+                        self.consts[a.arg] = v
         self.stack.add(self.fn)
         try:
             for _ in range(self.MAX_ROUNDS):
@@ -155,7 +238,8 @@ class _Analysis:
         params = set(self.params)
         return KernelAccess(self.name, self.params, self.reads & params, self.writes & params,
                             self.unknown & params, self.returns & params,
-                            "its use of this argument could not be followed" if self.unknown else "")
+                            "its use of this argument could not be followed" if self.unknown else "",
+                            self.indirect)
 
     # -- statements --------------------------------------------------------------------------
     def bind(self, target, prov) -> None:
@@ -196,8 +280,10 @@ class _Analysis:
             for b in s.body + s.orelse:
                 self.stmt(b)
         elif isinstance(s, ast.If):
+            taken = _const_eval(s.test, self.consts)
             self.expr(s.test)
-            for b in s.body + s.orelse:
+            branch = s.body + s.orelse if taken is _UNKNOWN else (s.body if taken else s.orelse)
+            for b in branch:
                 self.stmt(b)
         elif isinstance(s, (ast.With, ast.AsyncWith)):
             for item in s.items:
@@ -232,7 +318,10 @@ class _Analysis:
                 self.expr(v)
             return set()
         if isinstance(e, ast.IfExp):
+            taken = _const_eval(e.test, self.consts)
             self.expr(e.test)
+            if taken is not _UNKNOWN:
+                return self.expr(e.body if taken else e.orelse)
             return self.expr(e.body) | self.expr(e.orelse)
         if isinstance(e, ast.Subscript):
             self.expr(e.slice)
@@ -255,6 +344,14 @@ class _Analysis:
         if isinstance(e, (ast.ListComp, ast.GeneratorExp)):
             return self.expr(e.elt)
         return set()
+
+    def _access(self, prov, read=False, write=False) -> None:
+        if not prov:
+            self.indirect = True        # e.g. a pointer loaded from a table of data_ptr()s
+        if read:
+            self.reads |= prov
+        if write:
+            self.writes |= prov
 
     def _args(self, call) -> tuple:
         pos = [self.expr(a) for a in call.args]
@@ -279,15 +376,13 @@ class _Analysis:
         name = getattr(target, "__name__", None)
         if target is not None and _is_triton_language(target) and not _is_jit(target):
             if name in _LOADS:
-                self.reads |= self._first(pos, kw, "pointer")
+                self._access(self._first(pos, kw, "pointer"), read=True)
                 return set()
             if name in _STORES:
-                self.writes |= self._first(pos, kw, "pointer")
+                self._access(self._first(pos, kw, "pointer"), write=True)
                 return set()
             if name in _ATOMICS:
-                p = self._first(pos, kw, "pointer")
-                self.reads |= p
-                self.writes |= p
+                self._access(self._first(pos, kw, "pointer"), read=True, write=True)
                 return set()
             if name in _OPAQUE:
                 self.unknown |= every
@@ -325,12 +420,25 @@ class _Analysis:
         if fn in self.stack:            # recursion: stay conservative
             self.unknown |= set().union(*pos, *kw.values()) if (pos or kw) else set()
             return set()
+        consts = {}
+        params = list(inspect.signature(fn).parameters)
+        for p, a in zip(params, c.args):
+            v = _const_eval(a, self.consts)
+            if v is not _UNKNOWN:
+                consts[p] = v
+        for k in c.keywords:
+            if k.arg is not None:
+                v = _const_eval(k.value, self.consts)
+                if v is not _UNKNOWN:
+                    consts[k.arg] = v
+        key = (fn, _const_key(consts))
         with _cache_lock:
-            callee = _cache.get(fn)
+            callee = _cache.get(key)
         if callee is None:
-            callee = _Analysis(fn, self.stack).run()
+            callee = _Analysis(fn, self.stack, consts).run()
             with _cache_lock:
-                _cache[fn] = callee
+                _cache[key] = callee
+        self.indirect = self.indirect or callee.indirect
         bound = {}
         for p, prov in zip(callee.params, pos):
             bound[p] = prov
@@ -347,6 +455,29 @@ class _Analysis:
             if p in callee.returns:
                 out |= prov
         return out
+
+
+def _unwrap_constexpr(v):
+    return getattr(v, "value", v) if type(v).__name__ == "constexpr" else v
+
+
+def launch_consts(fn, args, kwargs) -> dict:
+    """Values the launch gives the kernel's `tl.constexpr` parameters (defaults included)."""
+    try:
+        sig = inspect.signature(fn)
+        bound = sig.bind_partial(*args, **{k: v for k, v in kwargs.items() if k in sig.parameters})
+    except (TypeError, ValueError):
+        return {}
+    bound.apply_defaults()
+    out = {}
+    for name, p in sig.parameters.items():
+        ann = p.annotation
+        text = ann if isinstance(ann, str) else getattr(ann, "__name__", repr(ann))
+        if "constexpr" in str(text) and name in bound.arguments:
+            v = _unwrap_constexpr(bound.arguments[name])
+            if v is None or isinstance(v, (bool, int, float, str)):
+                out[name] = v
+    return out
 
 
 def launch_args(acc: KernelAccess, fn, args, kwargs) -> tuple:
@@ -412,7 +543,10 @@ class TritonHook:
             self._patch(cls, "run", self._make_run)
         if self.interpret:
             from triton.runtime import autotuner
+            from triton.runtime.interpreter import InterpreterBuilder
             self._patch(autotuner.Autotuner, "_bench", lambda orig: _no_benchmark)
+            for name, kind in _MEMORY_OPS.items():
+                self._patch(InterpreterBuilder, name, lambda orig, kind=kind: _logged(orig, kind))
 
     def _patch(self, owner, name, make) -> None:
         orig = owner.__dict__[name]
@@ -434,24 +568,55 @@ class TritonHook:
         return run
 
     def launch(self, orig, kernel, args, grid, kwargs):
-        acc = analyze(kernel)
         fn = kernel_function(kernel)
+        acc = analyze(kernel, launch_consts(fn, args, kwargs))
+        if self.interpret:
+            return self._launch_measured(acc, fn, args, grid, kwargs)
         reads, writes, unknown = launch_args(acc, fn, args, kwargs)
         approx = self.launcher.footprints(
             unknown, f"Triton kernel {acc.name}: {acc.reason or 'use not followed'}; whole tensor "
                      "read and written") if unknown else ()
-        if self.interpret:
-            def run():
-                return self._interpret(fn, args, grid, kwargs)
-        else:
-            def run():
-                self._tls.inside = True
-                try:
-                    return orig(kernel, *args, grid=grid, warmup=False, **kwargs)
-                finally:
-                    self._tls.inside = False
+        if acc.indirect:
+            self.launcher.coverage.note(f"{acc.name} (Triton: pointers loaded from memory)",
+                                        _site())
+
+        def run():
+            self._tls.inside = True
+            try:
+                return orig(kernel, *args, grid=grid, warmup=False, **kwargs)
+            finally:
+                self._tls.inside = False
         return self.launcher.launch(acc.name, reads, writes, run, approx_reads=approx,
                                     approx_writes=approx)
+
+    def _launch_measured(self, acc, fn, args, grid, kwargs):
+        """sim: the interpreter says which bytes the kernel touched; whole tensors from the
+        source analysis stand in for a graph capture (a replay may touch other bytes)."""
+        launcher = self.launcher
+        reg = self.backend.footprints.registry
+        spans = []
+        for t in _tensors_of(args, kwargs):
+            f = self.backend.footprints.of(t)     # registered at issue, in host order
+            if f is not None:
+                st = t.untyped_storage()
+                spans.append((st.data_ptr(), st.nbytes(), f.storage, f.host))
+
+        def run():
+            log = _AccessLog()
+            _log_tls.log = log
+            try:
+                self._interpret(fn, args, grid, kwargs)
+            finally:
+                _log_tls.log = None
+            return log.footprints(spans, reg)
+
+        def whole():
+            reads, writes, unknown = launch_args(acc, fn, args, kwargs)
+            why = f"Triton kernel {acc.name} in a captured graph: whole tensors"
+            r = launcher.footprints(list(reads) + list(unknown), why)
+            w = launcher.footprints(list(writes) + list(unknown), why)
+            return r, w
+        return launcher.launch_measured(acc.name, run, whole)
 
     def _interpret(self, fn, args, grid, kwargs):
         """Run the kernel in Triton's CPU interpreter; nested @triton.jit calls are interpreted
@@ -478,6 +643,102 @@ class TritonHook:
         if f is None:
             f = self._interpreted[fn] = self._InterpretedFunction(fn)
         return f
+
+
+_MEMORY_OPS = {"create_masked_load": "r", "create_masked_store": "w", "create_atomic_rmw": "rw",
+               "create_atomic_cas": "rw"}
+_log_tls = threading.local()
+
+
+def _logged(orig, kind):
+    """An interpreter memory op that notes the addresses it touches (masked-off lanes excluded)."""
+    def op(builder, *args, **kwargs):
+        log = getattr(_log_tls, "log", None)
+        if log is not None:
+            if orig.__name__ == "create_atomic_rmw":
+                ptrs, mask = args[1], args[3]
+            elif orig.__name__ == "create_atomic_cas":
+                ptrs, mask = args[0], None
+            elif orig.__name__ == "create_masked_store":
+                ptrs, mask = args[0], args[2]
+            else:
+                ptrs, mask = args[0], args[1]
+            log.note(kind, ptrs, mask)
+        return orig(builder, *args, **kwargs)
+    op.__wrapped__ = orig
+    op.__name__ = orig.__name__
+    return op
+
+
+class _AccessLog:
+    """Addresses one interpreted launch loaded and stored, turned into exact footprints."""
+
+    def __init__(self):
+        self.parts = {"r": [], "w": []}
+
+    def note(self, kind, ptrs, mask) -> None:
+        import numpy as np
+        el = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
+        addrs = ptrs.data.reshape(-1)
+        if mask is not None:
+            m = np.broadcast_to(mask.data, ptrs.data.shape).reshape(-1).astype(bool)
+            addrs = addrs[m]
+        if addrs.size == 0:
+            return
+        addrs = addrs.astype(np.uint64)
+        for k in kind:
+            self.parts[k].append((addrs, el))
+
+    def footprints(self, spans, registry) -> tuple:
+        return self._map("r", spans, registry), self._map("w", spans, registry)
+
+    def _map(self, kind, spans, registry) -> tuple:
+        import numpy as np
+        parts = self.parts[kind]
+        if not parts:
+            return ()
+        starts = np.concatenate([a for a, _ in parts])
+        ends = np.concatenate([a + np.uint64(el) for a, el in parts])
+        out = []
+        left = np.ones(starts.size, dtype=bool)
+        for pool in (spans, None):
+            if not left.any():
+                break
+            if pool is None:           # pointers not passed as arguments (tables of data_ptr()s)
+                pool = registry.live_spans()
+            for base, nbytes, sid, host in pool:
+                m = left & (starts >= np.uint64(base)) & (starts < np.uint64(base + nbytes))
+                if not m.any():
+                    continue
+                left &= ~m
+                ranges = _merge_ranges(starts[m] - np.uint64(base), ends[m] - np.uint64(base))
+                out.append(Footprint(sid, ranges, host))
+        return tuple(out)
+
+
+def _merge_ranges(starts, ends) -> tuple:
+    import numpy as np
+    order = np.argsort(starts, kind="stable")
+    s = starts[order].astype(np.int64)
+    e = np.maximum.accumulate(ends[order].astype(np.int64))
+    breaks = np.nonzero(s[1:] > e[:-1])[0] + 1
+    firsts = np.concatenate(([0], breaks))
+    lasts = np.concatenate((breaks - 1, [s.size - 1]))
+    return tuple((int(s[a]), int(e[b])) for a, b in zip(firsts, lasts))
+
+
+def _tensors_of(args, kwargs):
+    seen = set()
+    for v in list(args) + list(kwargs.values()):
+        for t in _tensors(v):
+            if id(t) not in seen:
+                seen.add(id(t))
+                yield t
+
+
+def _site() -> str:
+    from .stacks import site
+    return site(skip=4)
 
 
 def _no_benchmark(*args, **kwargs):

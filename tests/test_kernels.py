@@ -282,3 +282,70 @@ def test_bad_declarations_are_usage_errors():
             pass
     with pytest.raises(UsageError):
         racecheck.kernel(reads=[3])
+
+
+# -- exact footprints on sim, constexpr branches, indirect pointers ----------------------------
+
+@triton.jit
+def write_rows(buf, first, width: tl.constexpr, ROWS: tl.constexpr):
+    r = tl.arange(0, ROWS)[:, None]
+    c = tl.arange(0, width)[None, :]
+    tl.store(buf + (first + r) * width + c, tl.full((ROWS, width), 1.0, tl.float32))
+
+
+@triton.jit
+def maybe_write(x_ptr, y_ptr, HAS_Y: tl.constexpr):
+    v = tl.load(x_ptr)
+    if HAS_Y:
+        tl.store(y_ptr, v)
+    else:
+        tl.store(x_ptr, v + 1)
+
+
+@triton.jit
+def store_through_table(table, n, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    dst = tl.load(table).to(tl.pointer_type(tl.float32))
+    tl.store(dst + i, tl.full((BLOCK,), 5.0, tl.float32), mask=i < n)
+
+
+def test_constexpr_branches_decide_what_is_written():
+    assert analyze(maybe_write, {"HAS_Y": True}).writes == {"y_ptr"}
+    assert analyze(maybe_write, {"HAS_Y": False}).writes == {"x_ptr"}
+    assert analyze(maybe_write).writes == {"x_ptr", "y_ptr"}      # unknown: both branches
+
+
+def test_indirect_pointers_are_flagged_for_the_source_analysis():
+    assert analyze(store_through_table).indirect
+
+
+def _rows_case(read_rows):
+    with racecheck.session(device="sim", route_cuda=True) as rc:
+        s = torch.cuda.Stream()
+        buf = racecheck.name(torch.zeros(8, 4, device="cuda"), "buf")
+        torch.cuda.synchronize()
+        with torch.cuda.stream(s):
+            write_rows[(1,)](buf, 0, width=4, ROWS=4)     # rows 0..3
+        buf[read_rows].sum()
+    return rc
+
+
+def test_sim_footprints_are_the_bytes_the_kernel_touched():
+    assert [(f.rule, f.tensor) for f in _rows_case(slice(4, 8)).findings] == []
+    rc = _rows_case(slice(2, 6))
+    assert [(f.rule, f.tensor) for f in rc.findings] == [("RC001", "buf")]
+    assert "rows 2..3" in rc.findings[0].detail
+
+
+def test_sim_sees_stores_through_pointer_tables():
+    with racecheck.session(device="sim", route_cuda=True) as rc:
+        s = torch.cuda.Stream()
+        kv = racecheck.name(torch.zeros(8, device="cuda"), "kv")
+        table = torch.tensor([kv.data_ptr()], dtype=torch.int64, device="cuda")
+        torch.cuda.synchronize()
+        with torch.cuda.stream(s):
+            store_through_table[(1,)](table, 8, BLOCK=8)
+        got = kv.sum().item()
+    assert got == 40.0
+    assert [(f.rule, f.tensor, f.previous.op) for f in rc.findings] == [
+        ("RC001", "kv", "store_through_table")]
