@@ -97,6 +97,10 @@ class StorageRegistry:
             self._by_cdata[st._cdata] = (entry[0], entry[1], True)
             self.host_sids.add(entry[0])
 
+    def is_known_device(self, t: torch.Tensor) -> bool:
+        entry = self._by_cdata.get(t.untyped_storage()._cdata)
+        return entry is not None and not entry[2]
+
     def is_host(self, t: torch.Tensor) -> bool:
         entry = self._by_cdata.get(t.untyped_storage()._cdata)
         if entry is None:

@@ -12,10 +12,14 @@ For the session (and restored exactly afterwards) the sim backend stands in for 
   tensor make a new host tensor through a copy on the current stream (`non_blocking=True` leaves
   the host unsynchronized, so reading the result before a sync is RC004).
 
+* `t.is_cuda` is True for sim device tensors, so code that branches on it takes its GPU branch.
+
 What routing cannot reach: names bound before the session started (`from torch.cuda import
 Stream`; `racecheck exec` and the start-up hook start routing before the program's own imports),
-C++ extensions that call the CUDA runtime, and tensor metadata: `t.is_cuda` is False and
-`t.device` is `cpu` for sim device tensors, so code that branches on them takes its CPU branch.
+C++ extensions that call the CUDA runtime, and `t.device`, which stays `cpu` (as do `t.is_cpu`
+and `t.get_device()`): code that compares devices (`t.device.type == "cuda"`) takes its CPU
+branch. Engines that decide platform features at import (`_is_cuda = is_cuda()` globals, as
+sglang does) need those flags set by the scenario that drives them.
 """
 from __future__ import annotations
 
@@ -66,6 +70,10 @@ class Router:
 
     def is_device(self, t: torch.Tensor) -> bool:
         return not self.registry.is_host(t)
+
+    def is_registered_device(self, t: torch.Tensor) -> bool:
+        """Device memory the session has seen (a tensor from before the session is not)."""
+        return self.registry.is_known_device(t)
 
     def to_device(self, t: torch.Tensor, dtype, non_blocking: bool, memory_format):
         """A host tensor's H2D copy into new device memory on the current stream."""
@@ -161,6 +169,7 @@ def _patch_tensor_methods(p: _Patches, router: Router) -> None:
         fn.__name__ = name
         fn.__wrapped__ = orig
         p.set(T, name, fn)
+    p.set(T, "is_cuda", property(router.is_registered_device, doc="True for sim device memory"))
 
 
 def _patch_constructors(p: _Patches, router: Router) -> None:

@@ -16,7 +16,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def _snapshot():
     return ({n: torch.cuda.__dict__.get(n, "<absent>") for n in CUDA_NAMES},
             torch.get_device_module, torch.tensor, torch.as_tensor, torch.asarray,
-            {n: torch.Tensor.__dict__.get(n) for n in ("to", "cpu", "cuda", "new_tensor")})
+            {n: torch.Tensor.__dict__.get(n) for n in ("to", "cpu", "cuda", "new_tensor", "is_cuda")})
 
 
 def _rules(rc):
@@ -64,7 +64,8 @@ def test_cuda_placements_are_device_memory(make):
     with racecheck.session(device="sim", route_cuda=True) as rc:
         t = make()
         assert not rc.footprints.registry.is_host(t)
-        assert t.device.type == "cpu"          # metadata stays CPU (documented)
+        assert t.is_cuda
+        assert t.device.type == "cpu"          # the device itself stays CPU (documented)
     assert not rc.internal_errors
 
 
@@ -79,6 +80,7 @@ def test_cpu_placements_are_host_memory(make):
     with racecheck.session(device="sim", route_cuda=True) as rc:
         t = make()
         assert rc.footprints.registry.is_host(t)
+        assert not t.is_cuda
     assert not rc.internal_errors
 
 
