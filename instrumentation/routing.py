@@ -12,14 +12,16 @@ For the session (and restored exactly afterwards) the sim backend stands in for 
   tensor make a new host tensor through a copy on the current stream (`non_blocking=True` leaves
   the host unsynchronized, so reading the result before a sync is RC004).
 
-* `t.is_cuda` is True for sim device tensors, so code that branches on it takes its GPU branch.
+* sim device tensors say they are on `cuda:0` (`t.device`, `t.is_cuda`, `t.is_cpu`,
+  `t.get_device()`), so `torch.zeros(n, device=x.device)` places on the device like x and code
+  that branches on the device takes its GPU branch. Tensors from before the session keep
+  their own device.
 
 What routing cannot reach: names bound before the session started (`from torch.cuda import
 Stream`; `racecheck exec` and the start-up hook start routing before the program's own imports),
-C++ extensions that call the CUDA runtime, and `t.device`, which stays `cpu` (as do `t.is_cpu`
-and `t.get_device()`): code that compares devices (`t.device.type == "cuda"`) takes its CPU
-branch. Engines that decide platform features at import (`_is_cuda = is_cuda()` globals, as
-sglang does) need those flags set by the scenario that drives them.
+C++ extensions that call the CUDA runtime, and the device C++ code sees, which stays the CPU.
+Engines that decide platform features at import (`_is_cuda = is_cuda()` globals, as sglang does)
+need those flags set by the scenario that drives them.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ CUDA_NAMES = (
     "is_initialized", "init", "_lazy_init", "device", "manual_seed", "manual_seed_all", "_sleep",
 )
 _CPU = torch.device("cpu")
+_CUDA0 = torch.device("cuda", 0)
 
 
 def is_cuda_device(d) -> bool:
@@ -169,7 +172,24 @@ def _patch_tensor_methods(p: _Patches, router: Router) -> None:
         fn.__name__ = name
         fn.__wrapped__ = orig
         p.set(T, name, fn)
-    p.set(T, "is_cuda", property(router.is_registered_device, doc="True for sim device memory"))
+    base = torch._C.TensorBase.__dict__
+    real_device, real_is_cpu = base["device"], base["is_cpu"]
+    orig_get_device = T.get_device
+    known = router.is_registered_device
+
+    def device(self):
+        return _CUDA0 if known(self) else real_device.__get__(self)
+
+    def is_cpu(self):
+        return not known(self) and real_is_cpu.__get__(self)
+
+    def get_device(self):
+        return 0 if known(self) else orig_get_device(self)
+    get_device.__wrapped__ = orig_get_device
+    p.set(T, "is_cuda", property(known, doc="True for sim device memory"))
+    p.set(T, "device", property(device, doc="cuda:0 for sim device memory"))
+    p.set(T, "is_cpu", property(is_cpu, doc="False for sim device memory"))
+    p.set(T, "get_device", get_device)
 
 
 def _patch_constructors(p: _Patches, router: Router) -> None:

@@ -16,7 +16,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def _snapshot():
     return ({n: torch.cuda.__dict__.get(n, "<absent>") for n in CUDA_NAMES},
             torch.get_device_module, torch.tensor, torch.as_tensor, torch.asarray,
-            {n: torch.Tensor.__dict__.get(n) for n in ("to", "cpu", "cuda", "new_tensor", "is_cuda")})
+            {n: torch.Tensor.__dict__.get(n) for n in ("to", "cpu", "cuda", "new_tensor", "is_cuda",
+                                                      "device", "is_cpu", "get_device")})
 
 
 def _rules(rc):
@@ -64,8 +65,10 @@ def test_cuda_placements_are_device_memory(make):
     with racecheck.session(device="sim", route_cuda=True) as rc:
         t = make()
         assert not rc.footprints.registry.is_host(t)
-        assert t.is_cuda
-        assert t.device.type == "cpu"          # the device itself stays CPU (documented)
+        assert t.is_cuda and not t.is_cpu and t.get_device() == 0
+        assert t.device == torch.device("cuda", 0)
+        same = torch.zeros(2, device=t.device)     # the idiom: place like another tensor
+        assert not rc.footprints.registry.is_host(same)
     assert not rc.internal_errors
 
 
@@ -80,7 +83,7 @@ def test_cpu_placements_are_host_memory(make):
     with racecheck.session(device="sim", route_cuda=True) as rc:
         t = make()
         assert rc.footprints.registry.is_host(t)
-        assert not t.is_cuda
+        assert not t.is_cuda and t.device.type == "cpu"
     assert not rc.internal_errors
 
 
