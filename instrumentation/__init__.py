@@ -55,6 +55,9 @@ def install_session(backend, *, route_cuda: bool = False) -> list:
     undo.append(lambda: threading.setprofile(prev_profile))
     backend.install()
     backend.installed = True
+    from .names import HolderNames
+    sink.set_namer(HolderNames(backend.footprints.registry).name_of)
+    undo.append(lambda: sink.set_namer(None))
     from .triton_kernels import TritonHook
     triton = TritonHook(backend)
     backend.kernels.install()

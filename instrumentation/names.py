@@ -64,6 +64,12 @@ class HolderNames:
                 for k, v in ref.items():
                     if id(v) in ids and v is ids[id(v)] and isinstance(k, str):
                         dicts.append((ref, k, v))
+            elif not isinstance(ref, (type, types.ModuleType, types.FrameType, list, tuple)):
+                # an instance whose attributes live inline (no __dict__ object made yet)
+                for k, v in getattr(ref, "__dict__", {}).items():
+                    if id(v) in ids and v is ids[id(v)]:
+                        name = f"{type(ref).__name__}.{k}"
+                        candidates.append((_ATTR, rank[id(v)], len(name), name))
         if dicts:
             owners = {}
             for o in gc.get_referrers(*[d for d, _, _ in dicts]):

@@ -205,6 +205,8 @@ def _patch_constructors(p: _Patches, router: Router) -> None:
                 return orig(data, *args, **kwargs)
             on_device = is_cuda_device(device) or (device is None and _default_is_cuda())
             kwargs["device"] = _CPU
+            if kwargs.pop("pin_memory", False) and on_device:
+                raise RuntimeError("pin_memory=True is only for host tensors")
             return router.created(orig(data, *args, **kwargs), on_device)
         construct.__name__ = name
         construct.__wrapped__ = orig

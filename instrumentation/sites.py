@@ -61,9 +61,10 @@ class SyncSites:
         self._patterns = tuple(d for d in self.drop if d not in self._exact)
         self._lock = threading.Lock()
 
-    def visit(self, kind: str, method: str | None = None) -> bool:
-        """Note that the program is at a site of `kind` now; True when it is to be dropped."""
-        where = _user_frame()
+    def visit(self, kind: str, method: str | None = None, frame=None) -> bool:
+        """Note that the program is at a site of `kind` now; True when it is to be dropped.
+        `frame`: the caller that owns the site, for wrappers a scenario installs itself."""
+        where = frame if frame is not None else _user_frame()
         if where is None:
             return False
         site_id, location = where_to_site(where, method or kind)

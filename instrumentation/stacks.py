@@ -30,8 +30,10 @@ _OWN_DIRS = tuple(d for d in (os.path.dirname(os.path.abspath(__file__)) + os.se
                               _package_dir("racecheck")) if d)
 _USER_DIRS = tuple(d for d in (_package_dir("racecheck.scenarios"),) if d)
 _STDLIB_PLUMBING = ("contextlib.py", "threading.py", "functools.py", "runpy.py", "weakref.py")
-# Test runners' own frames are never the user's code.
-_RUNNER_DIRS = tuple(d for d in (_package_dir("_pytest"), _package_dir("pluggy")) if d)
+# Test runners' own frames are never the user's code, nor is a kernel compiler's launch path
+# (a Triton launch is located at the program's `kernel[grid](...)` line).
+_RUNNER_DIRS = tuple(d for d in (_package_dir("_pytest"), _package_dir("pluggy"),
+                                 _package_dir("triton")) if d)
 _internal: dict = {}
 
 _extra_internal: list = []

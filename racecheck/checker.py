@@ -189,6 +189,9 @@ class Checker:
     def __init__(self, context_window: int = 64):
         self.context_window = int(context_window)
         self.finding_set = FindingSet()
+        # (storage, lo, hi) -> the program's own name for an unnamed tensor, or None; asked only
+        # when a finding is made (instrumentation supplies it: the attribute holding the tensor)
+        self.namer = None
         self._seq = 0
         self._tl: dict = {}            # tid -> _Timeline (first-seen order)
         self._streams: list = []       # stream timelines, first-seen order
@@ -803,6 +806,10 @@ class Checker:
         lo, hi = ranges[0][0], ranges[-1][1]
         nm = self._name_for(storage, lo, hi)
         byte_text = ", ".join(_span_text(a, b - 1) for a, b in ranges)
+        if nm is None and self.namer is not None:
+            held = self.namer(storage, lo, hi)
+            if held:
+                return held, f"bytes {byte_text} of `{held}` (storage #{storage})", None
         if nm is None:
             site = self._sites.get(storage)
             if site is not None:

@@ -63,6 +63,10 @@ class Recorder:
         self._freed: set = set()       # storage ids whose Free was emitted early (by the hook)
         self.dead: collections.deque = collections.deque()   # (block, stack) that died, unreported
 
+    def set_namer(self, namer) -> None:
+        """`namer(storage, lo, hi) -> str | None`: the program's name for an unnamed tensor."""
+        self._checker.namer = namer
+
     # -- ids and timelines ----------------------------------------------------------------------
     def new_timeline(self) -> int:
         with self.lock:

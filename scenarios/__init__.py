@@ -24,7 +24,9 @@ _SCENARIOS: dict = {}
 def _load() -> dict:
     if not _SCENARIOS:
         from .eagle_v2 import SCENARIO as eagle_v2
-        _SCENARIOS[eagle_v2.name] = eagle_v2
+        from .sglang import SCENARIO as sglang_eagle_v2
+        for sc in (eagle_v2, sglang_eagle_v2):
+            _SCENARIOS[sc.name] = sc
     return _SCENARIOS
 
 

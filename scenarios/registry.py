@@ -131,9 +131,11 @@ class Variant:
     also: list = field(default_factory=list)
     value_visible: bool = True
     why_benign: str = ""
+    drop_sync: tuple = ()       # synchronization sites the variant drops (engine code unchanged)
 
     def to_json(self) -> dict:
         return {"name": self.name, "overrides": dict(self.overrides),
+                "drop_sync": list(self.drop_sync),
                 "expected": [list(p) for p in self.expected], "also": [list(p) for p in self.also],
                 "description": self.description, "value_visible": self.value_visible,
                 "why_benign": self.why_benign}
@@ -155,6 +157,8 @@ class RunResult:
     internal_errors: list = field(default_factory=list)
     seconds: float = 0.0
     stats: dict = field(default_factory=dict)
+    sync_sites: list = field(default_factory=list)      # [Site] the run executed (sim)
+    unmatched_drops: list = field(default_factory=list)  # drop_sync entries no site matched
 
     @property
     def ok(self) -> bool:
@@ -188,10 +192,13 @@ class Scenario:
     """
 
     def __init__(self, name: str, description: str, knobs: list, switches: list, variants: list,
-                 runner: Callable, resolve: Callable, reference: Callable, diff_fields):
+                 runner: Callable, resolve: Callable, reference: Callable, diff_fields,
+                 session_options: Callable | None = None):
         self.name = name
         self.description = description
         self.knobs = {k.name: k for k in knobs}
+        self.knobs.setdefault(DROP_SYNC.name, DROP_SYNC)
+        self._session_options = session_options
         self.switch_info = {s.name: s for s in switches}
         self.switches = [s.name for s in switches]
         self.variants = {v.name: v for v in variants}
@@ -223,7 +230,9 @@ class Scenario:
         """Validated concrete knob values: defaults, then the variant's settings, then overrides."""
         raw = self.defaults()
         if variant:
-            raw.update(self.variant(variant).overrides)
+            v = self.variant(variant)
+            raw.update(v.overrides)
+            raw[DROP_SYNC.name] = ",".join(v.drop_sync)
         for key, value in (overrides or {}).items():
             if key not in self.knobs:
                 raise UsageError(f"unknown knob '{key}' for scenario '{self.name}' "
@@ -239,7 +248,16 @@ class Scenario:
             raise UsageError(f"scenario '{self.name}': {exc}") from None
 
     def reference_config(self, cfg: dict) -> dict:
-        return self._reference(dict(cfg))
+        return self._reference(dict(cfg, **{DROP_SYNC.name: ""}))
+
+    def session_options(self, cfg: dict) -> dict:
+        """Options the scenario's runs need from racecheck.session (e.g. torch.cuda routing),
+        plus the synchronization sites cfg drops."""
+        opts = dict(self._session_options(cfg)) if self._session_options else {}
+        drop = drop_sync_sites(cfg)
+        if drop:
+            opts["drop_sync"] = drop
+        return opts
 
     def run_once(self, cfg: dict, ctx) -> dict:
         return self._runner(cfg, ctx)
@@ -249,6 +267,20 @@ class Scenario:
                 "knobs": [k.to_json() for k in self.knobs.values()],
                 "switches": [s.to_json() for s in self.switch_info.values()],
                 "variants": [v.to_json() for v in self.variants.values()]}
+
+
+def _sites_value(value) -> str:
+    parts = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    return ",".join(p.strip() for p in parts if str(p).strip())
+
+
+DROP_SYNC = Knob("drop_sync", "", "str", "synchronization sites dropped for the run (comma-separated "
+                 "site ids or patterns; `racecheck mutate SCENARIO --list` shows them)",
+                 validator=_sites_value)
+
+
+def drop_sync_sites(cfg: dict) -> tuple:
+    return tuple(p for p in str(cfg.get(DROP_SYNC.name) or "").split(",") if p)
 
 
 def _allows_auto(knob: Knob) -> bool:
@@ -311,7 +343,11 @@ def run(sc: Scenario, cfg: dict, device: str = "sim", seed: int = 0,
     cfg = sc.config(overrides=cfg)
     t0 = time.perf_counter()
     torch_device = "cpu" if device == "sim" else device
-    with racecheck.session(device=device, **dict(session_options or {})) as rc:
+    options = sc.session_options(cfg)
+    if device != "sim":
+        options.pop("route_cuda", None)         # the real torch.cuda is there
+    options.update(session_options or {})
+    with racecheck.session(device=device, **options) as rc:
         ctx = RunContext(rc.device_module, torch_device, rc, pin=True, seed=seed)
         outputs = sc.run_once(cfg, ctx)
     findings = list(rc.findings)
@@ -325,8 +361,11 @@ def run(sc: Scenario, cfg: dict, device: str = "sim", seed: int = 0,
     for fieldname, text in _first_per_field(diffs):
         findings.append(diff_finding(sc, fieldname, text))
     stats = {"events": rc.checker.events_processed}
+    sites = getattr(rc.backend, "sites", None)
     return RunResult(sc.name, cfg, device, seed, findings, outputs, ref, diff_ok, detail,
-                     list(rc.internal_errors), seconds, stats)
+                     list(rc.internal_errors), seconds, stats,
+                     sites.sites() if sites is not None else [],
+                     sites.unmatched_drops() if sites is not None else [])
 
 
 def run_plain(sc: Scenario, cfg: dict, device: str = "cuda", seed: int = 0) -> dict:

@@ -1,0 +1,141 @@
+"""The `sglang-eagle-v2` scenario: the installed sglang's own EAGLE v2 overlap decode loop.
+
+`eagle-v2` is our model of the pipeline; this scenario runs the engine itself, so a pull request
+that drops a wait in sglang is seen here. What is sglang's and what is ours:
+
+    sglang's (unchanged)   Scheduler.run_batch / _apply_war_barrier / update_running_batch,
+                           ScheduleBatch, FutureMap, EAGLEWorkerV2 and EagleDraftWorker (draft,
+                           verify, draft-extend), ForwardBatch, the decode / draft / draft-extend
+                           graph runners and their buffer registry, the KV pools, the radix cache,
+                           the batch result processor, and the Triton kernels (in Triton's CPU
+                           interpreter on sim)
+    ours (thin, explicit)  the tiny model and attention backend (on sglang's base classes), the
+                           objects whose constructors load weights or join process groups
+                           (assembled with the attributes they would set), the scheduler loop's
+                           body driven by a scripted request schedule, and the platform flavour
+
+Seeds are variants defined as dropped synchronization sites (`racecheck mutate` finds the rest).
+Needs sglang installed with `pip install --no-deps sglang==0.5.23` and `racecheck[sglang]`.
+"""
+from __future__ import annotations
+
+from ..registry import Knob, Scenario, Variant
+from .requests import format_arrivals, parse_arrivals
+
+SITE_VERIFY_PLAN_WAIT = \
+    "sglang.srt.speculative.eagle_worker_common:run_eagle_verify:wait_stream#0"
+SITE_VERIFY_JOIN = \
+    "sglang.srt.speculative.eagle_worker_common:run_eagle_verify:wait_stream#1"
+SITE_DRAFT_EXTEND_PLAN_WAIT = \
+    "sglang.srt.speculative.eagle_worker_v2:EagleDraftWorker._draft_extend_for_decode:wait_stream#0"
+SITE_DRAFT_EXTEND_JOIN = \
+    "sglang.srt.speculative.eagle_worker_v2:EagleDraftWorker._draft_extend_for_decode:wait_stream#1"
+SITE_PUBLISH_WAIT = "sglang.srt.managers.overlap_utils:FutureMap.resolve_seq_lens_cpu:wait#0"
+SITE_REQ_POOL_PADDING = ("sglang.srt.model_executor.cuda_graph_buffer_registry:"
+                         "CudaGraphBufferRegistry.fill_from:padding(req_pool_indices)#0")
+
+DEFAULT_ARRIVALS = "0:3x6;2:2x5;5:1x4"
+
+
+def _arrivals(value):
+    return format_arrivals(parse_arrivals(value))
+
+
+def _draft_tokens(value):
+    if value == "auto":
+        return value
+    v = int(value)
+    if v < 2:
+        raise ValueError("must be >= 2 (the bonus token plus at least one draft token)")
+    return v
+
+
+def _sites(value):
+    return ",".join(p.strip() for p in str(value).split(",") if p.strip())
+
+
+KNOBS = [
+    Knob("graphs", True, "bool", "CUDA graphs: decode (target verify), draft and draft-extend "
+         "runners with their buffer registry; padded batches"),
+    Knob("flavour", "cuda", "choice", "platform branches sglang takes: cuda, hip (ROCm: "
+         "publish_ready.synchronize(), no WAR barrier), npu (Ascend: mrope recompute, no WAR "
+         "barrier)", choices=("cuda", "hip", "npu")),
+    Knob("mrope", False, "bool", "an mrope (multimodal rotary) target model: spec mrope positions"),
+    Knob("topk", 1, "int", "EAGLE topk (1: chain drafts; > 1: tree drafts)", minimum=1, maximum=4),
+    Knob("steps", 3, "int", "speculative_num_steps", minimum=1, maximum=6),
+    Knob("draft_tokens", "auto", "int", "speculative_num_draft_tokens (auto: steps + 1 for topk 1, "
+         "else 2 * steps)", validator=_draft_tokens),
+    Knob("arrivals", DEFAULT_ARRIVALS, "str", "request schedule: step:COUNTxMAX_NEW_TOKENS[+PROMPT_LEN]"
+         " items separated by ';' (requests join at that loop step; batches cross graph buckets)",
+         validator=_arrivals),
+    Knob("shared_prefix", True, "bool", "every prompt starts with the same tokens (radix-cache "
+         "prefix hits for requests that join later)"),
+    Knob("graph_bs", [1, 2, 4, 8], "int-list", "decode graph batch-size buckets"),
+    Knob("max_steps", 80, "int", "scheduler loop iterations at most", minimum=1, maximum=1000),
+    Knob("seed", 0, "int", "prompt tokens", minimum=0),
+]
+
+
+def _resolve(cfg: dict) -> dict:
+    if cfg["draft_tokens"] == "auto":
+        cfg["draft_tokens"] = cfg["steps"] + 1 if cfg["topk"] == 1 else 2 * cfg["steps"]
+    if cfg["topk"] == 1 and cfg["draft_tokens"] != cfg["steps"] + 1:
+        raise ValueError("topk 1 (chain drafts) needs draft_tokens = steps + 1")
+    if cfg["topk"] > 1 and cfg["draft_tokens"] > cfg["topk"] * cfg["steps"] + 1:
+        raise ValueError("draft_tokens must be <= topk * steps + 1")
+    if cfg["mrope"] and cfg["flavour"] == "hip":
+        raise ValueError("mrope targets are modelled on cuda and npu")
+    return cfg
+
+
+def _reference(cfg: dict) -> dict:
+    return dict(cfg)
+
+
+def _run(cfg: dict, ctx) -> dict:
+    from .engine_run import run_pipeline
+    return run_pipeline(cfg, ctx)
+
+
+VARIANTS = [
+    Variant("no-verify_plan_wait", {"graphs": True},
+            [("RC001", "ForwardBatch.positions"), ("RC001", "ForwardBatch.input_ids")],
+            "run_eagle_verify without `plan_stream.wait_stream(fwd_stream)`: verify prep on the "
+            "plan stream reads the draft's outputs before the draft finished (the #21940 seed; "
+            "needs the graph runner's pre-planned load_batch)",
+            drop_sync=(SITE_VERIFY_PLAN_WAIT,)),
+    Variant("no-verify_plan_wait-mrope", {"graphs": True, "mrope": True},
+            [("RC001", "ForwardBatch.positions"), ("RC003", "graph.mrope_positions")],
+            "the same with an mrope target: the spec mrope positions computed on the plan stream "
+            "also read the draft's positions early (the NPU mrope seed, #23423)",
+            drop_sync=(SITE_VERIFY_PLAN_WAIT,)),
+    Variant("no-verify_join", {"graphs": True}, [("RC003", "graph.input_ids")],
+            "run_eagle_verify without the forward stream's join on the plan stream after verify "
+            "prep: the graph buffers are written by both", drop_sync=(SITE_VERIFY_JOIN,)),
+    Variant("no-draft_extend_plan_wait", {}, [("RC001", "ForwardBatch.seq_lens")],
+            "_draft_extend_for_decode without the plan stream's wait on the forward stream: "
+            "draft-extend prep reads verify's results early (#40025)",
+            drop_sync=(SITE_DRAFT_EXTEND_PLAN_WAIT,)),
+    Variant("no-futuremap_publish_wait", {"flavour": "npu"},
+            [("RC001", "FutureMap.new_seq_lens_buf")],
+            "FutureMap.resolve_seq_lens_cpu without `publish_ready.wait()`: the schedule stream "
+            "reads seq_lens before the forward stream published them (#25879). On the cuda "
+            "flavour the WAR barrier after every forward orders it anyway, so the flavour is npu",
+            also=[("RC002", "ReqToTokenPool.req_to_token")],
+            drop_sync=(SITE_PUBLISH_WAIT,)),
+    Variant("no-req_pool_padding_zero", {"graphs": True}, [("RC006", "*req_pool_indices")],
+            "the decode graph registry's req_pool_indices slot not zero-padded: padded rows keep "
+            "the previous replay's request rows (#26292)", drop_sync=(SITE_REQ_POOL_PADDING,)),
+]
+
+
+SCENARIO = Scenario(
+    name="sglang-eagle-v2",
+    description="the installed sglang's EAGLE v2 overlap decode loop (real scheduler, FutureMap, "
+                "workers, graph runners, Triton kernels) with a tiny deterministic model",
+    knobs=KNOBS, switches=[], variants=VARIANTS, runner=_run, resolve=_resolve,
+    reference=_reference,
+    diff_fields={"output_ids": {"producer": "EAGLEWorkerV2.forward_batch_generation",
+                                "consumer": "SchedulerBatchResultProcessor.process_batch_result_decode",
+                                "stream": "forward_stream"}},
+    session_options=lambda cfg: {"route_cuda": True})

@@ -1,0 +1,48 @@
+"""One run of the `sglang-eagle-v2` scenario: set sglang up for the run's configuration, drive
+the overlap scheduler through the request schedule, return each request's output tokens."""
+from __future__ import annotations
+
+import contextlib
+
+from . import environment, platform
+from .model_runner import CONTEXT_LEN, VOCAB
+from .requests import parse_arrivals, prompts
+from .scheduler import Arrival, OverlapScheduler
+
+KV_SLOTS = 512
+
+
+def run_pipeline(cfg: dict, ctx) -> dict:
+    """Under the caller's session (routing torch.cuda), or a private one for the reference run."""
+    if ctx.session is not None:
+        return _run(cfg, ctx.session)
+    import racecheck
+    with racecheck.session(device="sim", route_cuda=True) as rc:
+        return _run(cfg, rc)
+
+
+def _run(cfg: dict, rc) -> dict:
+    if not getattr(rc, "route_cuda", False):
+        from racecheck.errors import UsageError
+        raise UsageError("sglang-eagle-v2 runs sglang's CUDA code: it needs device sim with "
+                         "torch.cuda routing (the default for this scenario)")
+    engine = environment.load()
+    groups = parse_arrivals(cfg["arrivals"])
+    arrivals = [Arrival(step, rid, prompt, new) for step, rid, prompt, new in
+                prompts(groups, seed=cfg["seed"], shared_prefix=cfg["shared_prefix"], vocab=VOCAB)]
+    max_running = max(cfg["graph_bs"][-1], sum(g.count for g in groups))
+    server_args = environment.configure(
+        engine, topk=cfg["topk"], steps=cfg["steps"], draft_tokens=cfg["draft_tokens"],
+        graphs=cfg["graphs"], graph_bs=cfg["graph_bs"], max_running=max_running,
+        context_len=CONTEXT_LEN)
+    run_cfg = dict(cfg, max_running=max_running, kv_slots=KV_SLOTS, radix_cache=True)
+    import racecheck
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(environment.fresh_process(engine))
+        war_barrier = stack.enter_context(platform.flavour(engine, cfg["flavour"]))
+        stack.enter_context(environment.single_rank_graph_capture(engine))
+        stack.enter_context(environment.padding_sites(engine, rc.sync_sites))
+        scheduler = OverlapScheduler(engine, rc, server_args, run_cfg, war_barrier=war_barrier,
+                                     name=racecheck.name)
+        outputs = scheduler.run(arrivals, cfg["max_steps"])
+    return {"output_ids": {rid: list(ids) for rid, ids in sorted(outputs.items())}}

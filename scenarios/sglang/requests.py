@@ -1,0 +1,66 @@
+"""The request schedule of a run: who joins at which scheduler step, with what prompt.
+
+`0:3x6;2:2x5+4` reads: at loop step 0 three requests join, each may generate 6 tokens; at step 2
+two more join with 4-token prompts (the default prompt length is 5). Prompts are deterministic
+from the run's seed; with `shared_prefix` they all start with the same tokens, so requests that
+join later hit the radix cache.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+DEFAULT_PROMPT_LEN = 5
+PREFIX_LEN = 3
+
+
+@dataclass(frozen=True)
+class Group:
+    step: int
+    count: int
+    max_new_tokens: int
+    prompt_len: int = DEFAULT_PROMPT_LEN
+
+
+def parse_arrivals(text) -> list:
+    if isinstance(text, (list, tuple)):
+        return [g if isinstance(g, Group) else Group(*g) for g in text]
+    groups = []
+    for item in str(text).replace(" ", "").split(";"):
+        if not item:
+            continue
+        try:
+            step, rest = item.split(":")
+            rest, _, plen = rest.partition("+")
+            count, new = rest.split("x")
+            g = Group(int(step), int(count), int(new), int(plen) if plen else DEFAULT_PROMPT_LEN)
+        except ValueError:
+            raise ValueError(f"{item!r}: expected STEP:COUNTxMAX_NEW_TOKENS[+PROMPT_LEN]") from None
+        if g.step < 0 or not 1 <= g.count <= 16 or not 1 <= g.max_new_tokens <= 24 \
+                or not PREFIX_LEN <= g.prompt_len <= 16:
+            raise ValueError(f"{item!r}: step >= 0, 1..16 requests, 1..24 new tokens, "
+                             f"prompts of {PREFIX_LEN}..16 tokens")
+        groups.append(g)
+    if not groups:
+        raise ValueError("no requests")
+    return sorted(groups, key=lambda g: g.step)
+
+
+def format_arrivals(groups) -> str:
+    return ";".join(f"{g.step}:{g.count}x{g.max_new_tokens}"
+                    + ("" if g.prompt_len == DEFAULT_PROMPT_LEN else f"+{g.prompt_len}")
+                    for g in groups)
+
+
+def prompts(groups, *, seed: int, shared_prefix: bool, vocab: int):
+    """[(step, rid, prompt tokens, max_new_tokens)] in arrival order."""
+    rng = random.Random(seed)
+    prefix = [rng.randrange(1, vocab) for _ in range(PREFIX_LEN)]
+    out = []
+    for g in groups:
+        for _ in range(g.count):
+            head = list(prefix) if shared_prefix else [rng.randrange(1, vocab)
+                                                       for _ in range(PREFIX_LEN)]
+            tail = [rng.randrange(1, vocab) for _ in range(g.prompt_len - PREFIX_LEN)]
+            out.append((g.step, f"r{len(out)}", head + tail, g.max_new_tokens))
+    return out
