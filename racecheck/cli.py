@@ -15,6 +15,7 @@ COMMANDS = {
     "list": "show scenarios, their knobs, fix switches and variants",
     "run": "run one scenario (variant) once and report",
     "fuzz": "fuzz a scenario with Hypothesis; shrink and save every distinct failure",
+    "mutate": "drop each synchronization site of a clean run in turn: necessary or silent",
     "repro": "replay a saved repro record deterministically",
     "exec": "run a Python program under the detector: racecheck exec -- python prog.py ...",
     "check": "check a saved trace (.jsonl) offline",

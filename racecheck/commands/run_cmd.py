@@ -15,6 +15,9 @@ def add_arguments(p) -> None:
                    help="override a knob (repeatable), e.g. --set plan_stream=on")
     p.add_argument("--device", default="sim", choices=["sim", "cuda", "npu"], help="backend (default: sim)")
     p.add_argument("--seed", default=0, type=_seed, help="request contents seed (default: 0)")
+    p.add_argument("--drop-sync", action="append", default=[], metavar="SITE", dest="drop_sync",
+                   help="drop a synchronization site (repeatable; ids from `racecheck mutate "
+                        "SCENARIO --list`, fnmatch patterns allowed)")
     try:
         from racecheck.gate import add_gate_arguments
         add_gate_arguments(p)
@@ -53,6 +56,8 @@ def main(args) -> int:
     if args.variant:
         sc.variant(args.variant)
     sets = scenarios.parse_sets(args.sets)
+    if getattr(args, "drop_sync", None):
+        sets["drop_sync"] = ",".join(args.drop_sync)
     cfg = sc.config(variant=args.variant, overrides=sets)
     if getattr(args, "report", None):
         try:

@@ -123,9 +123,15 @@ VARIANTS = [
             "flavour the WAR barrier after every forward orders it anyway, so the flavour is npu",
             also=[("RC002", "ReqToTokenPool.req_to_token")],
             drop_sync=(SITE_PUBLISH_WAIT,)),
-    Variant("no-req_pool_padding_zero", {"graphs": True}, [("RC006", "*req_pool_indices")],
+    Variant("no-req_pool_padding_zero", {"graphs": True, "flavour": "npu"},
+            [("RC006", "graph.req_pool_indices")],
             "the decode graph registry's req_pool_indices slot not zero-padded: padded rows keep "
-            "the previous replay's request rows (#26292)", drop_sync=(SITE_REQ_POOL_PADDING,)),
+            "the previous replay's request rows, read in the graph as rows of req_to_token "
+            "(#26292). Where graph runners share input buffers (cuda, hip) the draft-extend "
+            "runner's own `req_pool_indices.zero_()` rewrites the same buffer before every "
+            "verify replay, so the flavour is npu, where each runner keeps its own buffers",
+            also=[("RC002", "ReqToTokenPool.req_to_token")],
+            drop_sync=(SITE_REQ_POOL_PADDING,)),
 ]
 
 
@@ -139,3 +145,12 @@ SCENARIO = Scenario(
                                 "consumer": "SchedulerBatchResultProcessor.process_batch_result_decode",
                                 "stream": "forward_stream"}},
     session_options=lambda cfg: {"route_cuda": True})
+
+
+def _engine_version():
+    from .environment import installed_version
+    return installed_version()
+
+
+SCENARIO.engine_version = _engine_version
+SCENARIO.engine_modules = ("sglang.",)     # mutate sglang's sites, not the harness's own

@@ -38,6 +38,7 @@ def _run(cfg: dict, rc) -> dict:
     run_cfg = dict(cfg, max_running=max_running, kv_slots=KV_SLOTS, radix_cache=True)
     import racecheck
     with contextlib.ExitStack() as stack:
+        stack.enter_context(environment.quiet(engine))
         stack.enter_context(environment.fresh_process(engine))
         war_barrier = stack.enter_context(platform.flavour(engine, cfg["flavour"]))
         stack.enter_context(environment.single_rank_graph_capture(engine))

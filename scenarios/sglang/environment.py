@@ -366,3 +366,21 @@ def fresh_process(engine: Engine):
     with patched(buffers, "_forward_input_buffer_pool", {}), \
             patched(context, "resources", Resources()):
         yield
+
+
+@contextlib.contextmanager
+def quiet(engine: Engine):
+    """A server's start-up chatter (graph capture progress bars, backend notices) stays out of a
+    checker's output: sglang's own log records below errors and its capture bars are muted."""
+    import logging
+
+    import tqdm as _tqdm
+    runner = engine.module("decode_cuda_graph_runner")
+    bars = types.SimpleNamespace(tqdm=lambda *a, **k: _tqdm.tqdm(*a, **dict(k, disable=True)))
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        with patched(runner, "tqdm", bars):
+            yield
+    finally:
+        logging.disable(previous)

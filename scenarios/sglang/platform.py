@@ -13,8 +13,9 @@ hip   the ROCm branches: `publish_ready.synchronize()` instead of a stream wait 
       (`stream_ordered=True`), synchronous result copies, and no WAR barrier (its default
       on ROCm: SGLANG_ENABLE_WAR_BARRIER unset).
 npu   the Ascend branches of the speculative worker: mrope positions recomputed on the forward
-      stream after the plan-stream join, metadata marked ready only for graph replays, no WAR
-      barrier; Ascend tensors are not `is_cuda`, so the fused Triton paths are not taken.
+      stream after the plan-stream join, metadata marked ready only for graph replays, graph
+      runners keep their own input buffers (no process-wide sharing), no WAR barrier; Ascend
+      tensors are not `is_cuda`, so the fused Triton paths are not taken.
 
 Kernels sglang implements only as CUDA C++ (tvm-ffi: tree build, greedy verify) run as the
 Triton versions sglang ships for XPU, on every flavour: same inputs, same outputs.
@@ -49,7 +50,7 @@ _FLAGS = {
 # runtime probes called by name on the decode path
 _CALLS = {
     "hip": {"forward_batch_info": ("is_hip",)},
-    "npu": {"eagle_worker_common": ("is_npu",)},
+    "npu": {"eagle_worker_common": ("is_npu",), "input_buffers": ("is_npu",)},
 }
 WAR_BARRIER = {"cuda": True, "hip": False, "npu": False}
 
