@@ -34,7 +34,7 @@ SITE_PUBLISH_WAIT = "sglang.srt.managers.overlap_utils:FutureMap.resolve_seq_len
 SITE_REQ_POOL_PADDING = ("sglang.srt.model_executor.cuda_graph_buffer_registry:"
                          "CudaGraphBufferRegistry.fill_from:padding(req_pool_indices)#0")
 
-DEFAULT_ARRIVALS = "0:3x6;2:2x5;5:1x4"
+DEFAULT_ARRIVALS = "0:3x8;0:1x2;3:2x5;5:1x4"
 
 
 def _arrivals(value):

@@ -13,20 +13,29 @@ KV_SLOTS = 512
 
 
 def run_pipeline(cfg: dict, ctx) -> dict:
-    """Under the caller's session (routing torch.cuda), or a private one for the reference run."""
+    """Under the caller's session (sim routing torch.cuda, or a real GPU); without one (the
+    reference run) in a private sim session, or uninstrumented where a GPU is present."""
     if ctx.session is not None:
-        return _run(cfg, ctx.session)
+        return _run(cfg, ctx.session, gpu=ctx.session.device != "sim")
+    import torch
+    if torch.cuda.is_available() and not _routed():
+        return _run(cfg, None, gpu=True)
     import racecheck
     with racecheck.session(device="sim", route_cuda=True) as rc:
-        return _run(cfg, rc)
+        return _run(cfg, rc, gpu=False)
 
 
-def _run(cfg: dict, rc) -> dict:
-    if not getattr(rc, "route_cuda", False):
+def _routed() -> bool:
+    import torch
+    return getattr(torch.cuda.Stream, "__module__", "").startswith("racecheck")
+
+
+def _run(cfg: dict, rc, *, gpu: bool) -> dict:
+    if not gpu and not getattr(rc, "route_cuda", False):
         from racecheck.errors import UsageError
-        raise UsageError("sglang-eagle-v2 runs sglang's CUDA code: it needs device sim with "
-                         "torch.cuda routing (the default for this scenario)")
-    engine = environment.load()
+        raise UsageError("sglang-eagle-v2 runs sglang's CUDA code: on sim it needs torch.cuda "
+                         "routing (the default for this scenario)")
+    engine = environment.load(interpret=not gpu)
     groups = parse_arrivals(cfg["arrivals"])
     arrivals = [Arrival(step, rid, prompt, new) for step, rid, prompt, new in
                 prompts(groups, seed=cfg["seed"], shared_prefix=cfg["shared_prefix"], vocab=VOCAB)]
@@ -42,7 +51,8 @@ def _run(cfg: dict, rc) -> dict:
         stack.enter_context(environment.fresh_process(engine))
         war_barrier = stack.enter_context(platform.flavour(engine, cfg["flavour"]))
         stack.enter_context(environment.single_rank_graph_capture(engine))
-        stack.enter_context(environment.padding_sites(engine, rc.sync_sites))
+        if rc is not None and rc.device == "sim":
+            stack.enter_context(environment.padding_sites(engine, rc.sync_sites))
         scheduler = OverlapScheduler(engine, rc, server_args, run_cfg, war_barrier=war_barrier,
                                      name=racecheck.name)
         outputs = scheduler.run(arrivals, cfg["max_steps"])

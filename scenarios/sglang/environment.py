@@ -186,15 +186,17 @@ class Engine:
 _engine: Engine | None = None
 
 
-def load() -> Engine:
-    """Import sglang's spec-v2 decode path once per process (see the module docstring)."""
+def load(interpret: bool = True) -> Engine:
+    """Import sglang's spec-v2 decode path once per process (see the module docstring);
+    `interpret`: Triton kernels run in the CPU interpreter (sim), else compiled for the GPU."""
     global _engine
     if _engine is not None:
         return _engine
     if installed_version() is None:
         raise UsageError("the sglang-eagle-v2 scenario needs sglang: pip install racecheck[sglang] "
                          "(see docs/SGLANG.md for a CPU-only runner)")
-    os.environ["TRITON_INTERPRET"] = "1"
+    if interpret:
+        os.environ["TRITON_INTERPRET"] = "1"
     os.environ.setdefault("SGLANG_ENABLE_OVERLAP_PLAN_STREAM", "1")
     if _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)

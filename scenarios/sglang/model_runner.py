@@ -62,9 +62,13 @@ def make_attention_backend(engine, runner):
             indptr = indptr_out if indptr_out is not None else torch.zeros(
                 bs + 1, dtype=torch.int32, device=lens.device)
             torch.cumsum(lens, dim=0, out=indptr[1:bs + 1])
-            if indices_out is None:          # zeros: entries past a request's context stay valid
+            # zeros past the planned entries: this model gathers the whole buffer (a real
+            # attention kernel reads only up to indptr[bs]), so every entry is planned each time
+            if indices_out is None:
                 indices_out = torch.zeros(pool.shape[1] * bs, dtype=torch.int64,
                                           device=lens.device)
+            else:
+                indices_out.zero_()
             if bs:
                 create_flashinfer_kv_indices_triton[(bs,)](
                     pool, fb.req_pool_indices, lens, indptr, None, indices_out, pool.shape[1])

@@ -153,7 +153,7 @@ class OverlapScheduler:
                               (self.sched.copy_stream, "copy_stream"),
                               (self.workers.spec.plan_stream, "plan_stream(target)"),
                               (self.workers.draft.plan_stream, "plan_stream(draft)")):
-            if stream is not None:
+            if stream is not None and rc is not None:
                 rc.name_stream(stream, label)
 
     # -- assembly ------------------------------------------------------------------------------
