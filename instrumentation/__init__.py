@@ -31,6 +31,7 @@ def install_session(backend, *, route_cuda: bool = False) -> list:
     import sys
     import threading
 
+    from . import current
     from .interceptor import Interceptor
     from .patches import install_patches
 
@@ -55,6 +56,7 @@ def install_session(backend, *, route_cuda: bool = False) -> list:
     undo.append(lambda: threading.setprofile(prev_profile))
     backend.install()
     backend.installed = True
+    current.set_backend(backend)
     from .names import HolderNames
     sink.set_namer(HolderNames(backend.footprints.registry).name_of)
     undo.append(lambda: sink.set_namer(None))
@@ -67,6 +69,7 @@ def install_session(backend, *, route_cuda: bool = False) -> list:
 
     def uninstall():
         backend.installed = False
+        current.set_backend(None)
         backend.uninstall()
     undo.append(uninstall)
     return undo

@@ -296,8 +296,8 @@ class Sleeper:
 def warm_up(program, *args, synchronize=None, **kwargs):
     """Run `program(*args, **kwargs)` once outside any session so every kernel it launches is
     loaded before a delayed run (a first launch serializes streams). Returns its result."""
-    from racecheck.session import active_session
-    if active_session() is not None:
+    from . import current
+    if current.backend() is not None:
         raise UsageError("warm_up() runs the program outside a racecheck session; call it before")
     out = program(*args, **kwargs)
     if synchronize is not None:

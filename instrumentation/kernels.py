@@ -30,7 +30,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from racecheck.errors import UsageError
 from racecheck.trace import CapturedOp, Footprint, Kernel
 
-from . import stacks
+from . import current, stacks
 
 
 @dataclass(frozen=True)
@@ -74,10 +74,9 @@ def kernel(target=None, *, reads=(), writes=(), reference=None, name=None):
     decl = KernelDecl(str(target), reads, writes, reference, name or "")
     with _lock:
         (_by_op if "::" in decl.target else _by_path)[decl.target] = decl
-    from racecheck.session import active_session
-    s = active_session()
-    if s is not None and "::" not in decl.target and s.backend is not None:
-        s.backend.kernels.patch_path(decl)
+    b = current.backend()
+    if b is not None and "::" not in decl.target:
+        b.kernels.patch_path(decl)
     return decl
 
 
@@ -108,9 +107,7 @@ def _declared(fn, decl: KernelDecl):
         pass
 
     def launch(*args, **kwargs):
-        from racecheck.session import active_session
-        s = active_session()
-        b = s.backend if s is not None else None
+        b = current.backend()
         if b is None or not b.sink.checking:
             return fn(*args, **kwargs)
         return b.kernels.launch_declared(decl, fn, sig, args, kwargs)

@@ -32,8 +32,9 @@ def activate() -> None:
 
 
 def _finish() -> None:
-    from racecheck.commands.exec_cmd import finish_and_report
-    status = finish_and_report(_session, os.environ.get("RACECHECK_REPORT", ""))
+    from racecheck.gate import report_session
+    _session.__exit__(None, None, None)
+    status = report_session(_session, os.environ.get("RACECHECK_REPORT", ""))
     if status:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -9,6 +9,7 @@ import argparse
 import importlib
 import sys
 
+from .cliparse import Parser
 from .errors import EXIT_INTERNAL, EXIT_USAGE, InternalError, UsageError
 
 COMMANDS = {
@@ -25,14 +26,9 @@ COMMANDS = {
 }
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UsageError(f"{self.prog}: {message}")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="racecheck", description="Stream-synchronization race detector for GPU inference engines.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    parser = Parser(prog="racecheck", description="Stream-synchronization race detector for GPU inference engines.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for name, help_text in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         mod = importlib.import_module(f"racecheck.commands.{name}_cmd")

@@ -53,6 +53,28 @@ def finish(findings, args=None, meta: dict | None = None, *, console=None, print
     return EXIT_FINDINGS if res.kept else EXIT_CLEAN
 
 
+def report_session(session, report_specs, *, quiet=False) -> int:
+    """Print and write a finished session's reports; the exit status racecheck wants (0, 1 or 3).
+
+    What `racecheck exec` and the start-up hook end with (no suppressions: a program run is
+    not a gate)."""
+    import sys
+
+    from racecheck.reports import print_findings, write_reports
+
+    from .errors import EXIT_INTERNAL
+    findings = session.findings
+    if not quiet:
+        print_findings(findings)
+    specs = [s for s in (report_specs.split(",") if isinstance(report_specs, str) else report_specs) if s]
+    if specs:
+        write_reports(findings, specs, meta={"command": "exec"})
+    if session.internal_errors:
+        sys.stderr.write("racecheck: internal error: " + session.internal_errors[0].splitlines()[0] + "\n")
+        return EXIT_INTERNAL
+    return EXIT_FINDINGS if findings else EXIT_CLEAN
+
+
 # -- the CI gate (ci/gate, `python -m racecheck.gate`) ------------------------------------------
 
 CI_USAGE = """What an engine repository's CI runs: the scenario suite and optionally its own tests under
@@ -64,8 +86,8 @@ scanning), JUnit XML, HTML and findings JSON. Exit 0 clean, 1 new findings (or f
 def _ci_parser():
     import argparse
 
-    from .cli import _Parser
-    p = _Parser(prog="racecheck-gate", description=CI_USAGE)
+    from .cliparse import Parser
+    p = Parser(prog="racecheck-gate", description=CI_USAGE)
     p.add_argument("--scenario", action="append", default=[], metavar="NAME",
                    help="scenario to run (repeatable; default eagle-v2 unless --findings/--pytest only)")
     p.add_argument("--variant", action="append", default=[], metavar="V",

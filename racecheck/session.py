@@ -40,7 +40,6 @@ class Session:
         self._device_module_override = device_module
         self._backend_options = backend_options
         self._undo: list = []
-        self._modes: list = []
         self.backend = None
 
     # -- results --------------------------------------------------------------------------------

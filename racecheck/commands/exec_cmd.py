@@ -7,7 +7,8 @@ import runpy
 import sys
 import traceback
 
-from racecheck.errors import EXIT_CLEAN, EXIT_FINDINGS, EXIT_INTERNAL, UsageError
+from racecheck.errors import EXIT_CLEAN, UsageError
+from racecheck.gate import report_session
 
 
 def add_arguments(p) -> None:
@@ -41,24 +42,6 @@ def _split_program(argv):
     if not os.path.isfile(argv[0]):
         raise UsageError(f"exec: no such program file: {argv[0]!r}")
     return "path", argv[0], argv
-
-
-def finish_and_report(session, report_specs, *, quiet=False) -> int:
-    """Close the session, print and write reports; the exit status racecheck wants (0, 1 or 3)."""
-    if session.backend is not None and getattr(session, "_modes", None):
-        session.__exit__(None, None, None)
-    findings = session.findings
-    from racecheck.reports.console import print_findings
-    if not quiet:
-        print_findings(findings)
-    specs = [s for s in (report_specs.split(",") if isinstance(report_specs, str) else report_specs) if s]
-    if specs:
-        from racecheck.reports import write_reports
-        write_reports(findings, specs, meta={"command": "exec"})
-    if session.internal_errors:
-        sys.stderr.write("racecheck: internal error: " + session.internal_errors[0].splitlines()[0] + "\n")
-        return EXIT_INTERNAL
-    return EXIT_FINDINGS if findings else EXIT_CLEAN
 
 
 def _run_program(kind, target) -> int:
@@ -123,7 +106,7 @@ def main(args) -> int:
         raise usage
     if args.save_trace:
         rc.save_trace(args.save_trace)
-    status = finish_and_report(rc, args.report, quiet=args.quiet)
+    status = report_session(rc, args.report, quiet=args.quiet)
     if status == EXIT_CLEAN and program_status:
         return program_status
     return status

@@ -1,0 +1,15 @@
+"""The argument parser every racecheck command line uses: a bad argument is a UsageError (exit 2).
+
+Its own module, at the bottom of the CLI layer, so that `racecheck`, `racecheck-gate` and the
+subcommands share it without importing each other.
+"""
+from __future__ import annotations
+
+import argparse
+
+from .errors import UsageError
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(f"{self.prog}: {message}")

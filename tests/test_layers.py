@@ -1,0 +1,184 @@
+"""The package's layers stay strict: no import cycle, no import from a lower layer to a higher one.
+
+Every import counts, at module level and inside functions (a lazy import is still a dependency).
+The layers, bottom to top (docs/ARCHITECTURE.md draws them):
+
+    core             trace, checker, findings, recorder, suppressions: data and analysis, no torch hooks
+    instrumentation  racecheck.instrumentation: turns a running program into trace events
+    session          racecheck.session and the `racecheck` package itself: the public API
+    scenarios        racecheck.scenarios (pipelines under test) and racecheck.reports (renderers)
+    drivers          racecheck.fuzz (and the coming mutation analysis): run scenarios many times
+    cli              command lines, the gate, the start-up hook, the pytest plugin
+"""
+from __future__ import annotations
+
+import ast
+import os
+
+import networkx as nx
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# import name -> folder (pyproject's package-dir mapping)
+FOLDERS = {"racecheck": "racecheck", "racecheck.instrumentation": "instrumentation",
+           "racecheck.scenarios": "scenarios", "racecheck.reports": "reports"}
+
+LAYERS = ["core", "instrumentation", "session", "scenarios", "drivers", "cli"]
+# Inside the CLI layer the entry points sit above what they share.
+CLI_RANKS = {"racecheck.cliparse": 0, "racecheck.gate": 1, "racecheck.autostart": 2,
+             "racecheck.pytest_plugin": 2, "racecheck.commands": 3, "racecheck.cli": 4,
+             "racecheck.__main__": 5}
+DRIVERS = ("racecheck.fuzz", "racecheck.mutate")
+
+
+def _under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def layer(module: str) -> str:
+    if _under(module, "racecheck.instrumentation"):
+        return "instrumentation"
+    if _under(module, "racecheck.scenarios") or _under(module, "racecheck.reports"):
+        return "scenarios"
+    if any(_under(module, d) for d in DRIVERS):
+        return "drivers"
+    if any(_under(module, c) for c in CLI_RANKS):
+        return "cli"
+    if module in ("racecheck", "racecheck.session"):
+        return "session"
+    return "core"
+
+
+def rank(module: str) -> tuple:
+    sub = next((r for c, r in CLI_RANKS.items() if _under(module, c)), 0)
+    return LAYERS.index(layer(module)), sub
+
+
+def modules() -> dict:
+    """import name -> file, for every module of the package."""
+    out = {}
+    for pkg, folder in FOLDERS.items():
+        base = os.path.join(ROOT, folder)
+        for dirpath, dirnames, filenames in os.walk(base):
+            dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+            rel = os.path.relpath(dirpath, base)
+            parts = [pkg] + ([] if rel == "." else rel.split(os.sep))
+            if len(parts) > 1 and ".".join(parts) in FOLDERS:
+                continue                      # a mapped subpackage: walked under its own folder
+            for fn in filenames:
+                if fn.endswith(".py"):
+                    name = ".".join(parts + ([] if fn == "__init__.py" else [fn[:-3]]))
+                    out[name] = os.path.join(dirpath, fn)
+    return out
+
+
+def imported(module: str, path: str, known) -> set:
+    """Modules of the package that `module` imports anywhere in its source."""
+    with open(path, encoding="utf-8") as fh:
+        tree = ast.parse(fh.read(), path)
+    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module
+            # `from pkg import submodule` depends on the submodule; `from pkg import name` on pkg
+            subs = [f"{source}.{a.name}" for a in node.names if f"{source}.{a.name}" in known]
+            names = subs if len(subs) == len(node.names) else subs + [source]
+        else:
+            continue
+        for name in names:
+            while name and name not in known:      # `import racecheck.x.y` where y is an attribute
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                out.add(name)
+    return out
+
+
+def import_graph() -> nx.DiGraph:
+    mods = modules()
+    g = nx.DiGraph()
+    g.add_nodes_from(mods)
+    for m, path in mods.items():
+        for t in imported(m, path, mods):
+            g.add_edge(m, t)
+    return g
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return import_graph()
+
+
+def test_the_graph_sees_the_whole_package(graph):
+    assert {"racecheck.checker", "racecheck.instrumentation.sim", "racecheck.scenarios.eagle_v2.scheduler",
+            "racecheck.reports.sarif", "racecheck.fuzz.engine", "racecheck.commands.fuzz_cmd"} <= set(graph)
+    # lazy imports inside functions count
+    assert graph.has_edge("racecheck.session", "racecheck.instrumentation")
+
+
+def test_no_import_cycle(graph):
+    cycles = list(nx.simple_cycles(graph))
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c + c[:1]) for c in cycles[:20])
+
+
+def test_no_upward_import(graph):
+    up = sorted(f"{a} ({layer(a)}) -> {b} ({layer(b)})" for a, b in graph.edges if rank(b) > rank(a))
+    assert not up, "imports from a lower layer to a higher one:\n" + "\n".join(up)
+
+
+def test_reports_read_only_core():
+    """Reports render findings; they never run programs (`racecheck.reports` -> core only)."""
+    g = import_graph()
+    bad = sorted(f"{a} -> {b}" for a, b in g.edges
+                 if _under(a, "racecheck.reports") and not _under(b, "racecheck.reports") and layer(b) != "core")
+    assert not bad, bad
+
+
+# -- the checks themselves: they must catch what they are for ------------------------------------------
+
+def _edges_of(module: str, source: str, known, tmp_path, is_package=False) -> set:
+    p = tmp_path / ("__init__.py" if is_package else "m.py")
+    p.write_text(source)
+    return imported(module, str(p), known)
+
+
+KNOWN = {"racecheck", "racecheck.trace", "racecheck.session", "racecheck.instrumentation",
+         "racecheck.instrumentation.sim", "racecheck.scenarios", "racecheck.scenarios.registry"}
+
+
+def test_imports_inside_functions_and_relative_ones_are_seen(tmp_path):
+    src = ("from .trace import Kernel\n"
+           "def f():\n"
+           "    from racecheck.instrumentation import sim\n"
+           "    import racecheck.scenarios.registry\n")
+    assert _edges_of("racecheck.session", src, KNOWN, tmp_path) == {
+        "racecheck.trace", "racecheck.instrumentation.sim", "racecheck.scenarios.registry"}
+
+
+def test_from_package_import_name_depends_on_the_package(tmp_path):
+    assert _edges_of("racecheck.scenarios.registry", "import racecheck\nfrom racecheck import session\n",
+                     KNOWN, tmp_path) == {"racecheck", "racecheck.session"}
+    assert _edges_of("racecheck.instrumentation.sim", "from .. import trace\n", KNOWN, tmp_path) \
+        == {"racecheck.trace"}
+
+
+def test_an_upward_edge_and_a_cycle_are_reported():
+    g = nx.DiGraph([("racecheck.trace", "racecheck.instrumentation.sim"),
+                    ("racecheck.instrumentation.sim", "racecheck.trace")])
+    assert list(nx.simple_cycles(g))
+    assert [(a, b) for a, b in g.edges if rank(b) > rank(a)] == [("racecheck.trace", "racecheck.instrumentation.sim")]
+
+
+@pytest.mark.parametrize("module,expected", [
+    ("racecheck.checker", "core"), ("racecheck.recorder", "core"), ("racecheck.instrumentation.device", "instrumentation"),
+    ("racecheck", "session"), ("racecheck.session", "session"), ("racecheck.reports.sarif", "scenarios"),
+    ("racecheck.scenarios.eagle_v2", "scenarios"), ("racecheck.fuzz.repro", "drivers"), ("racecheck.gate", "cli"),
+    ("racecheck.commands.run_cmd", "cli"), ("racecheck.pytest_plugin", "cli")])
+def test_layer_of(module, expected):
+    assert layer(module) == expected
