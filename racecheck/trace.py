@@ -377,11 +377,9 @@ class Trace:
 
     def save(self, path) -> None:
         """Write atomically: a crash leaves either the old file or the whole new one."""
-        import os
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "w") as fp:
+        from .files import atomic_open
+        with atomic_open(path) as fp:
             self.dump(fp)
-        os.replace(tmp, path)
 
     @classmethod
     def iter_file(cls, path) -> Iterator[Event]:

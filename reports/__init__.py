@@ -6,11 +6,10 @@ takes a repeatable `--report FORMAT=FILE`; `write_reports` is what they call wit
 from __future__ import annotations
 
 import importlib
-import os
 import sys
-import tempfile
 
 from racecheck.errors import UsageError
+from racecheck.files import write_atomic
 
 from .console import print_findings, render_text
 
@@ -24,7 +23,7 @@ FORMATS = {
     "perfetto": ("perfetto", ".json"),
 }
 
-__all__ = ["FORMATS", "parse_report_spec", "parse_report_specs", "render", "write_reports", "write_atomic",
+__all__ = ["FORMATS", "parse_report_spec", "parse_report_specs", "render", "write_reports",
            "print_findings", "render_text", "load_findings", "dump_findings"]
 
 
@@ -63,44 +62,6 @@ def render(fmt: str, findings, meta: dict | None = None) -> str:
         return render_text(findings, title=meta.get("title"))
     mod = importlib.import_module(f"{__name__}.{FORMATS[fmt][0]}")
     return mod.render(findings, meta)
-
-
-def write_atomic(path: str, text: str) -> None:
-    """Write via a temp file in the same folder + os.replace: readers never see half a report."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    try:
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".racecheck-", suffix=".tmp", dir=folder)
-    except OSError as exc:
-        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
-        os.chmod(tmp, _file_mode(path))
-        os.replace(tmp, path)
-    except OSError as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def _file_mode(path: str) -> int:
-    """Keep an existing file's mode, else what open() would give (mkstemp makes 0600)."""
-    try:
-        return os.stat(path).st_mode & 0o777
-    except OSError:
-        mask = os.umask(0)
-        os.umask(mask)
-        return 0o666 & ~mask
 
 
 def write_reports(findings, specs, meta: dict | None = None) -> list[str]:

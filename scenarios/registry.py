@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from racecheck.devices import check_device
 from racecheck.errors import UsageError
 from racecheck.findings import Access, Finding
 
@@ -189,11 +190,17 @@ class Scenario:
     `reference(cfg)` is the serialized configuration the differential oracle compares against.
     `diff_fields` (a dict, or a function returning one on first use) says, per output field, which
     engine function produces and consumes it, for DIFF findings.
+    `session_options(cfg)` (optional) returns what its runs need from racecheck.session (e.g.
+    torch.cuda routing); a variant's `drop_sync` sites are added to them.
+    `strategy(sc, fixed, explore)` (optional) returns a Hypothesis strategy of the overrides of
+    the knobs named in `drawn_knobs`: what only the scenario knows how to draw well (a request
+    schedule, graph buckets); see `Scenario.strategy`. Other knobs are drawn from their types.
     """
 
     def __init__(self, name: str, description: str, knobs: list, switches: list, variants: list,
                  runner: Callable, resolve: Callable, reference: Callable, diff_fields,
-                 session_options: Callable | None = None):
+                 session_options: Callable | None = None, strategy: Callable | None = None,
+                 drawn_knobs: tuple = ()):
         self.name = name
         self.description = description
         self.knobs = {k.name: k for k in knobs}
@@ -206,6 +213,24 @@ class Scenario:
         self._resolve = resolve
         self._reference = reference
         self._diff_fields = diff_fields
+        self._strategy = strategy
+        self.drawn_knobs = tuple(drawn_knobs)
+        unknown = [k for k in self.drawn_knobs if k not in self.knobs]
+        if unknown:
+            raise ValueError(f"scenario {name!r}: drawn_knobs names no knob {', '.join(unknown)}")
+
+    def strategy(self, fixed: dict, explore: bool):
+        """The fuzzer's hook: a strategy of overrides for `drawn_knobs`, or None (draw none).
+
+        `fixed` holds the values the run must keep (a variant's, the user's): leave those keys
+        out. `explore` False means the example runs the configured pipeline, so draw only what
+        must vary for the scenario to be exercised at all (its batch schedule); True means vary
+        the rest of its shape too. Called only while fuzzing (Hypothesis need not be importable
+        otherwise).
+        """
+        if self._strategy is None:
+            return None
+        return self._strategy(self, fixed, explore)
 
     @property
     def diff_fields(self) -> dict:
@@ -338,8 +363,7 @@ def run(sc: Scenario, cfg: dict, device: str = "sim", seed: int = 0,
     """Run `cfg` once under racecheck.session(device, **session_options); compare with the reference."""
     import racecheck
 
-    if device not in ("sim", "cuda", "npu"):
-        raise UsageError(f"unknown device {device!r} (choose from sim, cuda, npu)")
+    check_device(device)
     cfg = sc.config(overrides=cfg)
     t0 = time.perf_counter()
     torch_device = "cpu" if device == "sim" else device

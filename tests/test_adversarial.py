@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import racecheck
 from racecheck.instrumentation.adversarial import AdversarialExecutor, PlanError, normalize_plan
-from racecheck.scenarios import strategies as rs
+from racecheck.fuzz import strategies as rs
 
 from cases import EXPECTED
 

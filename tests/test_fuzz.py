@@ -17,8 +17,8 @@ import pytest
 
 from test_fuzz_toy import toy_registered  # noqa: F401  (fixture: toy-pipeline registered)
 from racecheck import cli
-from racecheck.scenarios.fuzz import (FuzzTarget, Fuzzer, database_key, open_database, parse_budget,
-                                      run_workers)
+from racecheck.fuzz import (FuzzTarget, Fuzzer, WorkerSpec, database_key, open_database, parse_budget,
+                            run_workers)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -89,12 +89,12 @@ def test_all_fixes_on_is_clean_and_the_budget_stops_the_run():
 
 def test_database_key_is_stable_and_names_scenario_and_variant():
     from hypothesis.database import InMemoryExampleDatabase
-    assert database_key("eagle-v2", "no-x") == b"racecheck/v1/eagle-v2/no-x"
-    assert database_key("eagle-v2") == b"racecheck/v1/eagle-v2/all-fixes"
-    assert database_key("eagle-v2", draw_switches=True, device="cuda") == b"racecheck/v1/eagle-v2/all-fixes+switches@cuda"
+    assert database_key("eagle-v2", "no-x") == b"racecheck/v2/eagle-v2/no-x"
+    assert database_key("eagle-v2") == b"racecheck/v2/eagle-v2/all-fixes"
+    assert database_key("eagle-v2", draw_switches=True, device="cuda") == b"racecheck/v2/eagle-v2/all-fixes+switches@cuda"
     db = InMemoryExampleDatabase()
     _fuzz(db=db, first_only=True)
-    assert b"racecheck/v1/toy-pipeline/no-event_fix" in db.data
+    assert b"racecheck/v2/toy-pipeline/no-event_fix" in db.data
 
 
 def test_the_racecheck_profile_is_loaded_and_the_previous_one_restored():
@@ -242,7 +242,7 @@ def test_redis_database_shares_failures_between_runs(redis_url, tmp_path):
     assert "RC001 buf" in first.failures
     import redis
     keys = redis.Redis.from_url(redis_url).keys("*")
-    assert any(b"racecheck/v1/toy-pipeline/no-event_fix" in k for k in keys), keys
+    assert any(b"racecheck/v2/toy-pipeline/no-event_fix" in k for k in keys), keys
     second, _ = _fuzz(db=redis_url, first_only=True, seed=10)
     assert second.replayed_first and second.first_example_failed
 
@@ -256,9 +256,9 @@ def test_cli_fuzz_with_redis(redis_url, tmp_path, capsys):
 def _spec(db, tmp, **kw):
     spec = {"scenario": "toy-pipeline", "variant": "no-event_fix", "device": "sim", "draw_switches": False,
             "db": db, "seed": None, "findings_dir": str(tmp), "budget_s": 10.0, "max_examples": None,
-            "first_only": True, "imports": ["test_fuzz_toy:register"]}
+            "first_only": True, "imports": ("test_fuzz_toy:register",)}
     spec.update(kw)
-    return spec
+    return WorkerSpec(**spec)
 
 
 def test_workers_share_one_database(tmp_path):
@@ -273,11 +273,11 @@ def test_workers_share_one_database(tmp_path):
     try:
         found = []
         done, errors = run_workers(_spec(url, tmp_path / "a", seed=11), 1, on_found=found.append)
-        assert not errors and found and found[0][2] == "RC001 buf"
+        assert not errors and found and found[0].key == "RC001 buf" and found[0].worker == 0
         done, errors = run_workers(_spec(url, tmp_path / "b", seed=12), 2)
         assert not errors and len(done) == 2
-        for k, (examples, elapsed, replayed_first, first_failed, stopped, kinds) in done.items():
-            assert replayed_first and first_failed, (k, done[k])
+        for k, d in done.items():
+            assert d.worker == k and d.replayed_first and d.first_example_failed, d
     finally:
         if proc is not None:
             proc.terminate()

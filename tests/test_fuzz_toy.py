@@ -88,8 +88,15 @@ def _reference(cfg):
     return dict(cfg, event_fix=True, d2h_sync=True)
 
 
+def _strategy(sc, fixed, explore):
+    """The toy's own draws: requests joining and finishing over the iterations."""
+    from racecheck.scenarios.batching import schedules
+    return schedules().map(lambda s: {k: v for k, v in s.items() if k not in fixed})
+
+
 SCENARIO = Scenario("toy-pipeline", "two-stream toy for the fuzzer's tests", KNOBS, SWITCHES, VARIANTS,
-                    runner=runner, resolve=lambda c: c, reference=_reference, diff_fields={})
+                    runner=runner, resolve=lambda c: c, reference=_reference, diff_fields={},
+                    strategy=_strategy, drawn_knobs=("iterations", "schedule"))
 
 
 def register():

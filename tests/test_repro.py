@@ -8,10 +8,10 @@ import pytest
 
 from test_fuzz_toy import toy_registered  # noqa: F401  (fixture: toy-pipeline registered)
 from racecheck import cli, scenarios
-from racecheck.repro import (FORMAT, finding_key, load_record, make_record, record_filename, replay,
+from racecheck.fuzz import (FORMAT, finding_key, load_record, make_record, record_filename, replay,
                              save_record)
 from racecheck.errors import UsageError
-from racecheck.scenarios.fuzz import FuzzTarget
+from racecheck.fuzz import FuzzTarget
 
 LATE_PRODUCER = {"priorities": {}, "host": 0, "change_points": [],
                  "holds": [{"stream": "side", "before_op": 0, "us": 5}]}

@@ -15,7 +15,7 @@ def add_arguments(p) -> None:
 
 
 def main(args) -> int:
-    from racecheck.reports import write_atomic
+    from racecheck.files import write_atomic
     from racecheck.reports.json_report import load_document
     from racecheck.suppressions import baseline_document, filter_findings, warn_stale
 

@@ -9,6 +9,7 @@ record under --findings-dir and its one-line reproduction command is printed), 2
 from __future__ import annotations
 
 
+from racecheck.devices import DEVICES
 from racecheck.errors import EXIT_CLEAN, EXIT_FINDINGS, EXIT_INTERNAL, UsageError
 
 STATUS_EVERY_S = 30.0      # without a terminal (CI logs): one status line this often
@@ -29,7 +30,7 @@ def add_arguments(p) -> None:
                         "`none` to disable)")
     p.add_argument("--workers", type=int, default=1, metavar="N",
                    help="processes fuzzing in parallel on one database (default 1)")
-    p.add_argument("--device", default="sim", choices=["sim", "cuda", "npu"],
+    p.add_argument("--device", default="sim", choices=DEVICES,
                    help="backend (default sim: adversarial executor on the CPU)")
     p.add_argument("--findings-dir", default="racecheck-findings", metavar="DIR",
                    help="where repro records are written (default racecheck-findings)")
@@ -43,7 +44,7 @@ def add_arguments(p) -> None:
 
 
 def _validate(args):
-    from racecheck.scenarios.fuzz import parse_budget
+    from racecheck.fuzz import parse_budget
     if args.max_examples is not None and args.max_examples < 1:
         raise UsageError("--max-examples must be >= 1")
     if args.workers < 1:
@@ -59,7 +60,7 @@ def _validate(args):
 
 def main(args) -> int:
     from rich.console import Console
-    from racecheck.scenarios.fuzz import FuzzTarget, open_database
+    from racecheck.fuzz import FuzzTarget, open_database
     budget = _validate(args)
     target = FuzzTarget(args.scenario, args.variant, device=args.device, draw_switches=args.draw_switches)
     db = open_database(args.db)          # fails early (one line) on a bad path or unreachable Redis
@@ -93,7 +94,7 @@ def _progress_columns():
 
 
 def _run_one(args, target, db, budget, found, out):
-    from racecheck.scenarios.fuzz import Fuzzer
+    from racecheck.fuzz import Fuzzer
     progress = None
     task = None
     if not args.quiet and out.is_terminal:
@@ -116,7 +117,7 @@ def _run_one(args, target, db, budget, found, out):
 
     def on_found(ff):
         found[ff.key] = (ff.path, ff.examples_to_find, ff.seconds_to_find, ff.outcome.wrong_values())
-        from racecheck.repro import reproduce_command
+        from racecheck.fuzz import reproduce_command
         line = (f"found {ff.key} after {ff.examples_to_find} examples ({ff.seconds_to_find:.1f}s); "
                 f"shrunk: {reproduce_command(ff.path) if ff.path else '(not saved)'}")
         if progress is not None:
@@ -137,12 +138,12 @@ def _run_one(args, target, db, budget, found, out):
 
 
 def _run_workers(args, target, budget, found, out, err):
-    from racecheck.scenarios.fuzz import run_workers
-    spec = {"scenario": target.scenario, "variant": target.variant, "device": args.device,
-            "draw_switches": args.draw_switches, "db": args.db, "seed": args.seed,
-            "findings_dir": args.findings_dir, "budget_s": budget,
-            "max_examples": -(-args.max_examples // args.workers) if args.max_examples else None,
-            "first_only": args.first}
+    from racecheck.fuzz import WorkerSpec, reproduce_command, run_workers
+    spec = WorkerSpec(scenario=target.scenario, variant=target.variant, device=args.device,
+                      draw_switches=args.draw_switches, db=args.db, seed=args.seed,
+                      findings_dir=args.findings_dir, budget_s=budget,
+                      max_examples=-(-args.max_examples // args.workers) if args.max_examples else None,
+                      first_only=args.first)
     progress = None
     task = None
     if not args.quiet and out.is_terminal:
@@ -165,11 +166,10 @@ def _run_workers(args, target, budget, found, out, err):
                       f"{el:.0f}s, {total / el if el else 0.0:.1f}/s", markup=False)
 
     def on_found(msg):
-        _, k, key, path, n, secs, srepro, wrong = msg
-        if key not in found:
-            found[key] = (path, n, secs, wrong)
-            from racecheck.repro import reproduce_command
-            line = f"worker {k}: found {key} after {n} examples ({secs:.1f}s); shrunk: {reproduce_command(path)}"
+        if msg.key not in found:
+            found[msg.key] = (msg.path, msg.examples_to_find, msg.seconds_to_find, msg.wrong_values)
+            line = (f"worker {msg.worker}: found {msg.key} after {msg.examples_to_find} examples "
+                    f"({msg.seconds_to_find:.1f}s); shrunk: {reproduce_command(msg.path)}")
             (progress.console if progress is not None else out).print(line, markup=False)
 
     try:
@@ -177,25 +177,25 @@ def _run_workers(args, target, budget, found, out, err):
     finally:
         if progress is not None:
             progress.stop()
-    for k, text, tb, usage in errors:
-        if usage:
-            raise UsageError(text.split(": ", 1)[-1])
-        err.print(f"racecheck: worker {k} failed: {text}", markup=False)
-        err.print(tb, markup=False)
+    for e in errors:
+        if e.usage:
+            raise UsageError(e.error.split(": ", 1)[-1])
+        err.print(f"racecheck: worker {e.worker} failed: {e.error}", markup=False)
+        err.print(e.traceback, markup=False)
     if errors and not done:
         return EXIT_INTERNAL
-    found["__examples__"] = [v[0] for v in done.values()]
-    found["__elapsed__"] = max([v[1] for v in done.values()] or [0.0])
+    found["__examples__"] = [d.examples for d in done.values()]
+    found["__elapsed__"] = max([d.elapsed for d in done.values()] or [0.0])
     kinds = {}
-    for v in done.values():
-        for k, n in (v[5] if len(v) > 5 else {}).items():
+    for d in done.values():
+        for k, n in d.kinds.items():
             kinds[k] = kinds.get(k, 0) + n
     found["__kinds__"] = kinds
     return None
 
 
 def _summary(args, target, found, examples, elapsed, out, kinds=None):
-    from racecheck.repro import load_record, reproduce_command
+    from racecheck.fuzz import load_record, reproduce_command
     findings_by_key = found.pop("__findings__", None)
     keys = [k for k in found if not k.startswith("__")]
     rate = examples / elapsed if elapsed else 0.0
@@ -231,5 +231,5 @@ def _summary(args, target, found, examples, elapsed, out, kinds=None):
 
 
 def _key_of(f):
-    from racecheck.repro import finding_key
+    from racecheck.fuzz import finding_key
     return finding_key(f)

@@ -23,7 +23,8 @@ def add_arguments(p) -> None:
 
 
 def main(args) -> int:
-    from racecheck.reports import parse_report_specs, print_findings, render, write_atomic, write_reports
+    from racecheck.files import write_atomic
+    from racecheck.reports import parse_report_specs, print_findings, render, write_reports
     from racecheck.reports.json_report import load_document
 
     findings, meta = load_document(args.findings)

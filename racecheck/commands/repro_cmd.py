@@ -23,7 +23,7 @@ def add_arguments(p) -> None:
 def main(args) -> int:
     from rich.console import Console
     from racecheck.errors import UsageError
-    from racecheck.repro import load_record, replay
+    from racecheck.fuzz import load_record, replay
     if args.repeat < 1:
         raise UsageError("--repeat must be >= 1")
     if args.report:
@@ -73,7 +73,7 @@ def main(args) -> int:
 
 
 def _key(f):
-    from racecheck.repro import finding_key
+    from racecheck.fuzz import finding_key
     return finding_key(f)
 
 

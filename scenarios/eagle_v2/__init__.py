@@ -201,8 +201,14 @@ def _diff_fields() -> dict:
     }
 
 
+def _strategy(sc, fixed, explore):
+    from .strategy import overrides
+    return overrides(sc, fixed, explore)
+
+
 SCENARIO = Scenario(
     "eagle-v2",
     "SGLang EAGLE spec-v2 overlap pipeline: schedule/forward/plan/D2H streams, FutureMap, "
     "decode + piecewise CUDA graphs with padding, mrope, multimodal",
-    KNOBS, SWITCHES, VARIANTS, runner=_run, resolve=resolve, reference=reference, diff_fields=_diff_fields)
+    KNOBS, SWITCHES, VARIANTS, runner=_run, resolve=resolve, reference=reference, diff_fields=_diff_fields,
+    strategy=_strategy, drawn_knobs=("iterations", "schedule", "buckets", "steps", "topk", "draft_tokens"))

@@ -13,12 +13,7 @@ replays on any racecheck version that still has the scenario and its knobs:
      "observed": {"findings": [...], "diff_ok": false, "diff_detail": "...", "faults": [...]},
      "search": {"examples": 12, "seconds": 1.4, "shrunk": true, "hypothesis": "6.170.15", "database_key": "..."}}
 
-`plan: null` means the eager executor (issue order). Failure keys:
-  "<RULE> <tensor>"       a detector finding (RC001..RC008)
-  "DIFF <field>"          the differential oracle: an output differs from the serialized run
-  "FAULT <op>"            an op failed when the plan finally ran it (a wrong index, like an IMA)
-  "CRASH <Exception>"     the program itself raised under the plan
-  "INTERNAL <Exception>"  racecheck itself failed (a bug in racecheck: please report it)
+`plan: null` means the eager executor (issue order). Failure keys: see racecheck.fuzz.keys.
 """
 from __future__ import annotations
 
@@ -26,35 +21,18 @@ import datetime
 import json
 import os
 
-from .errors import UsageError
+from racecheck.devices import DEVICES
+from racecheck.errors import UsageError
+from racecheck.files import write_atomic
+
+from .keys import failure_kind, finding_key
 
 FORMAT = "racecheck-repro"
 FORMAT_VERSION = 1
 REQUIRED = ("scenario", "config", "failure")
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "finding_key", "make_record", "save_record", "load_record", "record_filename",
-           "failure_kind", "ReplayResult", "replay", "reproduce_command"]
-
-
-def finding_key(f) -> str:
-    """The distinct-failure key of a finding: "<RULE> <tensor>" (stable across runs).
-
-    An unnamed tensor's description carries a storage number that changes between runs; such a
-    finding is keyed by where its current access happens instead.
-    """
-    tensor = f.tensor
-    if "storage #" in tensor:
-        tensor = f"unnamed@{f.current.location or f.current.op}"
-    return f"{f.rule} {tensor}"
-
-
-def failure_kind(key: str) -> str:
-    head = key.split(" ", 1)[0]
-    if head == "DIFF":
-        return "differential"
-    if head in ("FAULT", "CRASH", "INTERNAL"):
-        return head.lower()
-    return "finding"
+__all__ = ["FORMAT", "FORMAT_VERSION", "make_record", "save_record", "load_record", "record_filename",
+           "ReplayResult", "replay", "reproduce_command"]
 
 
 def _slug(text: str, n: int = 48) -> str:
@@ -74,7 +52,7 @@ def record_filename(scenario: str, variant, key: str) -> str:
 def make_record(*, scenario: str, variant, device: str, seed: int, config: dict, plan, key: str,
                 findings=(), diff_ok: bool = True, diff_detail: str = "", faults=(), crash: str = "",
                 search: dict | None = None) -> dict:
-    from . import __version__
+    from racecheck import __version__
     finding = None
     for f in findings:
         if finding_key(f) == key:
@@ -104,7 +82,6 @@ def make_record(*, scenario: str, variant, device: str, seed: int, config: dict,
 
 def save_record(record: dict, directory: str, filename: str | None = None) -> str:
     """Write atomically (temp file + rename) under `directory`; returns the path."""
-    from racecheck.reports import write_atomic
     name = filename or record_filename(record["scenario"], record.get("variant"), record["failure"]["key"])
     path = os.path.join(directory, name)
     write_atomic(path, json.dumps(record, indent=2, sort_keys=False) + "\n")
@@ -142,7 +119,7 @@ def load_record(path) -> dict:
     failure = rec["failure"]
     if not isinstance(failure, dict) or not isinstance(failure.get("key"), str) or not failure["key"].strip():
         raise UsageError(f"repro: {path}: 'failure' must be an object with a 'key'")
-    if rec.get("device", "sim") not in ("sim", "cuda", "npu"):
+    if rec.get("device", "sim") not in DEVICES:
         raise UsageError(f"repro: {path}: unknown device {rec.get('device')!r}")
     seed = rec.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int):
@@ -188,7 +165,7 @@ class ReplayResult:
 
 def replay(record: dict, *, device: str | None = None):
     """Run the record's example once, exactly (same config, seed and plan)."""
-    from racecheck.scenarios.fuzz import FuzzTarget
+    from .target import FuzzTarget
     target = FuzzTarget(record["scenario"], record.get("variant"), device=device or record.get("device", "sim"))
     example = {"config": record["config"], "seed": record.get("seed", 0), "plan": record.get("plan")}
     return ReplayResult(record, target.run(example))

@@ -1,6 +1,6 @@
-"""`racecheck fuzz`: Hypothesis over a scenario, failures shrunk and saved as repro records.
+"""The fuzz loop: Hypothesis over a target, each distinct failure shrunk and saved as a repro record.
 
-    from racecheck.scenarios.fuzz import FuzzTarget, Fuzzer, open_database
+    from racecheck.fuzz import FuzzTarget, Fuzzer, open_database
     target = FuzzTarget("eagle-v2", "no-futuremap_publish")
     report = Fuzzer(target, database=open_database(".racecheck/examples"),
                     findings_dir="racecheck-findings", budget_s=60).run()
@@ -9,15 +9,15 @@
 One example = one scenario run on `sim` under the adversarial executor with a drawn plan. A run
 fails when the detector reports a finding, the differential oracle sees an output differ from the
 serialized run, an op faults when the plan runs it, or the program crashes. Each distinct failure
-(its key: "RC001 seq_lens", "DIFF mm_input_embeds", ...; see `racecheck.repro`) is shrunk by
+(its key: "RC001 seq_lens", "DIFF mm_input_embeds", ...; see `racecheck.fuzz.repro`) is shrunk by
 Hypothesis on its own and written as a JSON repro record.
 
 Hypothesis settings: racecheck registers and loads its own profile ("racecheck") for the run and
 passes every setting explicitly, so the `ci` profile Hypothesis picks when `CI` is set (no
-database, derandomized) never applies. The database key is `racecheck/v1/<scenario>/<variant>`
+database, derandomized) never applies. The database key is `racecheck/v2/<scenario>/<variant>`
 (`all-fixes` without a variant; `+switches` when fix switches are drawn; `@<device>` off sim), never
 a hash of test source, so every runner and every racecheck release with the same strategies
-shares one corpus. Bump the `v1` when the strategies change incompatibly.
+shares one corpus. Bump the version (racecheck.fuzz.target.KEY_VERSION) when the strategies change incompatibly.
 
 The loop: first every failure the database already knows is replayed (from any runner); then
 bounded Hypothesis runs of a fixed schedule of sizes (50, 100, 200, ... examples, each with its
@@ -34,20 +34,19 @@ a grace period (half the budget, 5 to 30 s) so that a late find still leaves a m
 from __future__ import annotations
 
 import os
-import sys
 import time
 import unittest
 from dataclasses import dataclass, field
 
 from racecheck.errors import UsageError
 
-__all__ = ["FuzzTarget", "Outcome", "Fuzzer", "FuzzReport", "FoundFailure", "open_database",
-           "database_key", "racecheck_profile", "DEFAULT_DB", "DEFAULT_FINDINGS_DIR", "parse_budget",
-           "run_workers"]
+from . import _hypothesis as hyp
+from .keys import failure_kind
+from .repro import make_record, reproduce_command, save_record
+from .target import FuzzTarget, Outcome
 
 DEFAULT_DB = os.path.join(".racecheck", "examples")
 DEFAULT_FINDINGS_DIR = "racecheck-findings"
-KEY_VERSION = "v1"
 MAX_REPLAYS_PER_KEY = 20
 PROFILE = "racecheck"
 
@@ -74,15 +73,6 @@ def parse_budget(text) -> float:
     if not v > 0:
         raise UsageError(f"--budget {text!r}: must be positive")
     return v
-
-
-def database_key(scenario: str, variant=None, *, draw_switches: bool = False, device: str = "sim") -> bytes:
-    key = f"racecheck/{KEY_VERSION}/{scenario}/{variant or 'all-fixes'}"
-    if draw_switches:
-        key += "+switches"
-    if device != "sim":
-        key += f"@{device}"
-    return key.encode()
 
 
 def open_database(spec):
@@ -148,153 +138,6 @@ class _profile_loaded:
         return False
 
 
-# -- one example ------------------------------------------------------------------------------------
-
-@dataclass
-class Outcome:
-    """What one run showed. `keys`: distinct failure keys, detection order (races before DIFF)."""
-
-    keys: list
-    findings: list = field(default_factory=list)
-    result: object = None
-    faults: list = field(default_factory=list)
-    crash: str = ""
-    internal: list = field(default_factory=list)
-    seconds: float = 0.0
-    config: dict = field(default_factory=dict)
-    executor: dict = field(default_factory=dict)
-
-    @property
-    def failed(self) -> bool:
-        return bool(self.keys)
-
-    def wrong_values(self) -> str:
-        r = self.result
-        if r is None or getattr(r, "diff_ok", True):
-            return ""
-        return r.diff_detail
-
-
-class FuzzTarget:
-    """A scenario (and variant) to fuzz on a device: its strategy and how to run one example."""
-
-    def __init__(self, scenario: str, variant=None, *, device: str = "sim", draw_switches: bool = False,
-                 draw_plan: bool = True, fixed: dict | None = None):
-        from racecheck import scenarios
-        if device not in ("sim", "cuda", "npu"):
-            raise UsageError(f"unknown device {device!r} (choose from sim, cuda, npu)")
-        self.sc = scenarios.get(scenario)            # UsageError when unknown
-        self.scenario = self.sc.name
-        self.variant = variant or None
-        if self.variant:
-            self.sc.variant(self.variant)            # UsageError when unknown
-        self.device = device
-        self.draw_switches = draw_switches
-        self.draw_plan = draw_plan
-        self.fixed = dict(fixed or {})
-        if self.fixed:
-            self.sc.config(self.variant, self.fixed)  # validate up front
-
-    @property
-    def key(self) -> bytes:
-        return database_key(self.scenario, self.variant, draw_switches=self.draw_switches, device=self.device)
-
-    @property
-    def label(self) -> str:
-        return f"{self.scenario}" + (f" --variant {self.variant}" if self.variant else "")
-
-    def strategy(self):
-        from racecheck.scenarios import strategies
-        return strategies.examples(self.sc, self.variant, device=self.device,
-                                   draw_switches=self.draw_switches, fixed=self.fixed,
-                                   draw_plan=self.draw_plan)
-
-    def concrete_config(self, example) -> dict:
-        return self.sc.config(self.variant, example.get("config") or {})
-
-    def run_detector_only(self, example: dict) -> Outcome:
-        """The detector's verdict alone: issue order, no reference run (fast).
-
-        Findings do not depend on the order device work runs in, so this gives the same detector
-        keys as `run`; differential and value failures need `run`."""
-        import racecheck
-        from racecheck.repro import finding_key
-        from racecheck.scenarios import RunContext
-        cfg = self.concrete_config(example)
-        t0 = time.perf_counter()
-        crash = ""
-        rc = racecheck.session(device=self.device)
-        try:
-            with rc:
-                ctx = RunContext(rc.device_module, "cpu" if self.device == "sim" else self.device, rc,
-                                 pin=True, seed=int(example.get("seed", 0)))
-                self.sc.run_once(cfg, ctx)
-        except UsageError:
-            raise
-        except Exception as exc:
-            crash = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        keys = []
-        findings = list(rc.findings)
-        for f in findings:
-            k = finding_key(f)
-            if k not in keys:
-                keys.append(k)
-        if crash:
-            keys.append(f"CRASH {crash.split(':', 1)[0]}")
-        return Outcome(keys, findings, None, [], crash, list(rc.internal_errors), time.perf_counter() - t0, cfg)
-
-    def run(self, example: dict) -> Outcome:
-        """Run one example. An invalid configuration raises UsageError."""
-        from racecheck import scenarios
-        from racecheck.repro import finding_key
-        cfg = self.concrete_config(example)
-        plan = example.get("plan")
-        opts = {}
-        executor = None
-        if self.device == "sim" and plan is not None:
-            from racecheck.instrumentation.adversarial import AdversarialExecutor
-            executor = AdversarialExecutor(plan)
-            opts["executor"] = executor
-        elif plan is not None and plan.get("holds"):
-            opts["delay_plan"] = plan["holds"]        # GPUs: the holds become real sleeps
-        t0 = time.perf_counter()
-        keys, findings, crash, internal, result = [], [], "", [], None
-        try:
-            result = scenarios.run(self.sc, cfg, device=self.device, seed=int(example.get("seed", 0)),
-                                   session_options=opts)
-            findings = list(result.findings)
-            internal = list(getattr(result, "internal_errors", ()) or ())
-        except UsageError:
-            raise
-        except Exception as exc:   # the program itself failed under this order
-            crash = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        for f in findings:
-            k = finding_key(f)
-            if k not in keys:
-                keys.append(k)
-        faults = list(executor.faults) if executor is not None else []
-        if faults and not crash:
-            # An op that fails under any order is a program bug, not a race: check issue order.
-            eager = self.run(dict(example, plan=None)) if plan is not None else None
-            if eager is not None and eager.crash:
-                crash = eager.crash
-                faults = []
-        for fl in faults:
-            k = f"FAULT {fl['op']}"
-            if k not in keys:
-                keys.append(k)
-        if crash:
-            keys.append(f"CRASH {crash.split(':', 1)[0]}")
-        for text in internal:
-            head = text.split("\n", 1)[0]
-            kind = head.split(": ", 2)[1] if head.count(": ") >= 2 else "Error"
-            k = f"INTERNAL {kind}"
-            if k not in keys:
-                keys.append(k)
-        return Outcome(keys, findings, result, faults, crash, internal, time.perf_counter() - t0, cfg,
-                       executor.describe() if executor is not None else {})
-
-
 # -- the fuzz loop ------------------------------------------------------------------------------------
 
 class FuzzFailure(Exception):
@@ -334,7 +177,6 @@ class FoundFailure:
     worker: int = 0
 
     def command(self) -> str:
-        from racecheck.repro import reproduce_command
         return reproduce_command(self.path) if self.path else ""
 
 
@@ -357,33 +199,7 @@ class FuzzReport:
         return self.examples / self.elapsed if self.elapsed > 0 else 0.0
 
 
-def _runner():
-    """The running Hypothesis engine (to read its phase), found on the call stack; or None."""
-    from hypothesis.internal.conjecture.engine import ConjectureRunner
-    f = sys._getframe(2)
-    while f is not None:
-        s = f.f_locals.get("self")
-        if isinstance(s, ConjectureRunner):
-            return s
-        f = f.f_back
-    return None
-
-
 _class_keys: dict = {}        # failure class -> key
-
-
-def _keys_being_shrunk(runner) -> list:
-    out = []
-    for origin in list(getattr(runner, "interesting_test_cases", {}) or ()):
-        key = _class_keys.get(getattr(origin, "exc_type", None))
-        if key is not None and key not in out:
-            out.append(key)
-    return out
-
-
-def _is_detector_key(key: str) -> bool:
-    head = key.split(" ", 1)[0]
-    return head.startswith("RC") and head[2:].isdigit()
 
 
 class _BudgetSpent(unittest.SkipTest):
@@ -424,7 +240,7 @@ class Fuzzer:
 
     # -- limits ------------------------------------------------------------------------------------
     def _out_of_budget(self, phase: str) -> bool:
-        if phase in ("reuse", "unknown"):
+        if phase == "reuse":
             return False               # replays from the database always run (else they'd be deleted)
         now = time.monotonic()
         if phase == "shrink":
@@ -455,30 +271,29 @@ class Fuzzer:
 
     # -- one Hypothesis run ------------------------------------------------------------------------
     def _hypothesis_run(self, *, phases, max_examples, ignore=(), key=None, want=None, seed=None):
-        from hypothesis import Verbosity, given, settings
-        from hypothesis import reject
-        from hypothesis.control import current_build_context
+        from hypothesis import Phase, Verbosity, given, reject, settings
         target = self.target
         rep = self.report
         ignore = frozenset(ignore)
+        # Failure keys raised in this run, in order: what Hypothesis is shrinking. With
+        # report_multiple_bugs off it stops generating at the first one, so a run that raised is
+        # shrinking (or replaying the result); one without a generate phase starts by replaying
+        # the database (never cut short by the budget: an entry that passes would be deleted).
+        raised: list = []
+        first_phase = "generate" if Phase.generate in phases else "reuse"
 
         @settings(database=self.db, max_examples=max_examples, phases=phases,
                   report_multiple_bugs=False, verbosity=Verbosity.quiet)
         @given(example=target.strategy())
         def fuzz_example(example):
-            ctx = current_build_context()
-            final = ctx.is_final
-            runner = _runner()
-            phase = "final" if final else (runner._current_phase if runner is not None else "unknown")
+            final = hyp.is_final()
+            phase = "final" if final else ("shrink" if raised else first_phase)
             if not final and self._out_of_budget(phase):
-                if phase in ("generate", "target") and runner is not None and not runner.interesting_test_cases:
+                if phase == "generate":
                     raise _BudgetSpent()
                 return
-            shrinking = None
-            if phase in ("shrink", "final") and runner is not None:
-                shrinking = _keys_being_shrunk(runner)
             try:
-                if phase == "shrink" and shrinking and all(_is_detector_key(k) for k in shrinking):
+                if phase == "shrink" and all(failure_kind(k) == "finding" for k in raised):
                     # Findings are the same in every order: shrink a detector failure on fast
                     # issue-order runs (the final replay runs the example's own plan again).
                     outcome = target.run_detector_only(example)
@@ -486,23 +301,25 @@ class Fuzzer:
                     outcome = target.run(example)
             except UsageError:
                 reject()                 # a knob combination the scenario does not accept
-            self._count(outcome, phase, ctx.data.choices, example)
+            choices = hyp.choices()
+            self._count(outcome, phase, choices, example)
             if want is not None:
                 key = want if want in outcome.keys else None
             else:
                 # the failure being shrunk while it is still there, else the first new one
-                key = next((k for k in shrinking or () if k in outcome.keys), None) or \
+                key = next((k for k in raised if k in outcome.keys), None) or \
                     next((k for k in outcome.keys if k not in ignore), None)
             if key is not None:
+                if key not in raised:
+                    raised.append(key)
                 exc = _failure_class(key)(key, example, outcome)
-                exc.choices = tuple(ctx.data.choices)
+                exc.choices = choices
                 # one raise site: Hypothesis tells failures apart by exception type and location
                 raise exc
 
-        fuzz_example._hypothesis_internal_database_key = key if key is not None else target.key
+        hyp.set_database_key(fuzz_example, key if key is not None else target.key)
         if seed is not None:
-            # What `hypothesis.seed(n)` sets, without its side effect of turning the database off.
-            fuzz_example._hypothesis_internal_use_seed = seed
+            hyp.set_seed(fuzz_example, seed)
         rep.hypothesis_runs += 1
         try:
             fuzz_example()
@@ -527,7 +344,6 @@ class Fuzzer:
 
     # -- recording -----------------------------------------------------------------------------------
     def _record(self, exc: FuzzFailure, shrunk: bool = True) -> FoundFailure:
-        from racecheck.repro import make_record, save_record
         import hypothesis
         key = exc.key
         seen = self._seen.get(key)
@@ -557,13 +373,13 @@ class Fuzzer:
     def _focused_shrink(self, key: str) -> None:
         """Shrink a failure that was seen but never the first failure of its example."""
         from hypothesis import Phase
-        from hypothesis.database import InMemoryExampleDatabase, choices_to_bytes
+        from hypothesis.database import InMemoryExampleDatabase
         choices, example, outcome, n, secs = self._seen[key]
         db = self.db if self.db is not None else InMemoryExampleDatabase()
         fkey = self.target.key + b"/" + key.encode()
         # Seed it as a *secondary* entry: Hypothesis replays those and shrinks them (an exact
         # primary entry counts as already shrunk and would not be shrunk again).
-        db.save(fkey + b".secondary", choices_to_bytes(choices))
+        db.save(fkey + b".secondary", hyp.choices_to_bytes(choices))
         saved_db, self.db = self.db, db
         try:
             got = self._hypothesis_run(phases=[Phase.reuse, Phase.shrink], max_examples=1, key=fkey, want=key)
@@ -574,7 +390,7 @@ class Fuzzer:
             choices = getattr(got[0], "choices", None)
             if choices is not None and self.db is not None:
                 # so that the next run (any worker on this database) replays it early too
-                self.db.save(self.target.key + b".secondary", choices_to_bytes(choices))
+                self.db.save(self.target.key + b".secondary", hyp.choices_to_bytes(choices))
         else:   # could not replay it (should not happen: runs are deterministic): keep it unshrunk
             self._record(_failure_class(key)(key, example, outcome), shrunk=False)
 
@@ -589,9 +405,6 @@ class Fuzzer:
         entries of the main key (minimal failing examples) and of each failure's own key (failures
         shrunk on their own). An entry that no longer fails is deleted, as Hypothesis does.
         """
-        from hypothesis.control import BuildContext
-        from hypothesis.database import choices_from_bytes
-        from hypothesis.internal.conjecture.data import ConjectureData
         db = self.db
         if db is None:
             return
@@ -604,13 +417,11 @@ class Fuzzer:
             for entry in sorted(db.fetch(dbkey), key=lambda b: (len(b), b))[:MAX_REPLAYS_PER_KEY]:
                 if self._stop_for_time() or (self.max_examples is not None and rep.examples >= self.max_examples):
                     return
-                choices = choices_from_bytes(entry)
+                choices = hyp.choices_from_bytes(entry)
                 if choices is None:
                     continue
                 try:
-                    data = ConjectureData.for_choices(choices)
-                    with BuildContext(data, wrapped_test=None):
-                        example = data.draw(strategy)
+                    example = hyp.draw_from_choices(strategy, choices)
                 except BaseException:  # noqa: BLE001 - an entry for other strategies: not ours to judge
                     continue
                 try:
@@ -631,7 +442,6 @@ class Fuzzer:
         rep = self.report
         rep.examples += 1
         if outcome.keys:
-            from racecheck.repro import failure_kind
             for kind in {failure_kind(k) for k in outcome.keys}:
                 rep.kinds[kind] = rep.kinds.get(kind, 0) + 1
         if rep.examples == 1:
@@ -719,72 +529,3 @@ def _flatten(group):
             yield from _flatten(e)
         else:
             yield e
-
-
-# -- several processes sharing one database ------------------------------------------------------------
-
-def _worker_main(k, spec, queue):
-    """Worker process k: fuzz with its own seed; report progress and finds through `queue`."""
-    try:
-        import importlib
-        for name in spec.get("imports", ()):    # "module" or "module:function" registering scenarios
-            mod, _, func = name.partition(":")
-            m = importlib.import_module(mod)
-            if func:
-                getattr(m, func)()
-        target = FuzzTarget(spec["scenario"], spec["variant"], device=spec["device"],
-                            draw_switches=spec["draw_switches"])
-        db = open_database(spec["db"])
-        seed = None if spec["seed"] is None else spec["seed"] + k
-
-        def progress(examples, distinct, elapsed):
-            queue.put(("progress", k, examples, distinct, elapsed))
-
-        def found(ff):
-            queue.put(("found", k, ff.key, ff.path, ff.examples_to_find, ff.seconds_to_find,
-                       ff.seconds_to_repro, ff.outcome.wrong_values()))
-
-        rep = Fuzzer(target, database=db, findings_dir=spec["findings_dir"], budget_s=spec["budget_s"],
-                     max_examples=spec["max_examples"], seed=seed, first_only=spec["first_only"],
-                     on_progress=progress, on_found=found, worker=k).run()
-        queue.put(("done", k, rep.examples, rep.elapsed, rep.replayed_first, rep.first_example_failed,
-                   rep.stopped, dict(rep.kinds)))
-    except BaseException as exc:  # noqa: BLE001 - report, never hang the parent
-        import traceback
-        queue.put(("error", k, f"{type(exc).__name__}: {exc}", traceback.format_exc(),
-                   isinstance(exc, UsageError)))
-
-
-def run_workers(spec: dict, workers: int, *, on_progress=None, on_found=None):
-    """Run `workers` processes on one database; returns (per-worker done tuples, errors)."""
-    import multiprocessing as mp
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker_main, args=(k, spec, queue), daemon=True) for k in range(workers)]
-    for p in procs:
-        p.start()
-    done, errors = {}, []
-    progress = {}
-    while len(done) + len(errors) < workers:
-        try:
-            msg = queue.get(timeout=1.0)
-        except Exception:
-            if not any(p.is_alive() for p in procs):
-                if queue.empty():
-                    break
-            continue
-        kind = msg[0]
-        if kind == "progress":
-            progress[msg[1]] = msg[2:]
-            if on_progress is not None:
-                on_progress(sum(v[0] for v in progress.values()), progress)
-        elif kind == "found":
-            if on_found is not None:
-                on_found(msg)
-        elif kind == "done":
-            done[msg[1]] = msg[2:]
-        elif kind == "error":
-            errors.append(msg[1:])
-    for p in procs:
-        p.join(timeout=10)
-    return done, errors

@@ -1,0 +1,166 @@
+"""What is fuzzed: a scenario (and variant) on a device, its strategy, and one example's run."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from racecheck.devices import check_device
+from racecheck.errors import UsageError
+
+from .keys import finding_key
+
+KEY_VERSION = "v2"
+
+
+def database_key(scenario: str, variant=None, *, draw_switches: bool = False, device: str = "sim") -> bytes:
+    """`racecheck/v2/<scenario>/<variant>[+switches][@device]`: one corpus per target, whatever
+    the test's source (bumped when the strategies change incompatibly: v2 draws `explore` first)."""
+    key = f"racecheck/{KEY_VERSION}/{scenario}/{variant or 'all-fixes'}"
+    if draw_switches:
+        key += "+switches"
+    if device != "sim":
+        key += f"@{device}"
+    return key.encode()
+
+
+@dataclass
+class Outcome:
+    """What one run showed. `keys`: distinct failure keys, detection order (races before DIFF)."""
+
+    keys: list
+    findings: list = field(default_factory=list)
+    result: object = None
+    faults: list = field(default_factory=list)
+    crash: str = ""
+    internal: list = field(default_factory=list)
+    seconds: float = 0.0
+    config: dict = field(default_factory=dict)
+    executor: dict = field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.keys)
+
+    def wrong_values(self) -> str:
+        r = self.result
+        if r is None or getattr(r, "diff_ok", True):
+            return ""
+        return r.diff_detail
+
+
+def _crash_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+def _add(keys: list, key: str) -> None:
+    if key not in keys:
+        keys.append(key)
+
+
+class FuzzTarget:
+    """A scenario (and variant) to fuzz on a device: its strategy and how to run one example."""
+
+    def __init__(self, scenario: str, variant=None, *, device: str = "sim", draw_switches: bool = False,
+                 draw_plan: bool = True, fixed: dict | None = None):
+        from racecheck import scenarios
+        check_device(device)
+        self.sc = scenarios.get(scenario)            # UsageError when unknown
+        self.scenario = self.sc.name
+        self.variant = variant or None
+        if self.variant:
+            self.sc.variant(self.variant)            # UsageError when unknown
+        self.device = device
+        self.draw_switches = draw_switches
+        self.draw_plan = draw_plan
+        self.fixed = dict(fixed or {})
+        if self.fixed:
+            self.sc.config(self.variant, self.fixed)  # validate up front
+
+    @property
+    def key(self) -> bytes:
+        return database_key(self.scenario, self.variant, draw_switches=self.draw_switches, device=self.device)
+
+    @property
+    def label(self) -> str:
+        return f"{self.scenario}" + (f" --variant {self.variant}" if self.variant else "")
+
+    def strategy(self):
+        from . import strategies
+        return strategies.examples(self.sc, self.variant, device=self.device,
+                                   draw_switches=self.draw_switches, fixed=self.fixed,
+                                   draw_plan=self.draw_plan)
+
+    def concrete_config(self, example) -> dict:
+        return self.sc.config(self.variant, example.get("config") or {})
+
+    def run_detector_only(self, example: dict) -> Outcome:
+        """The detector's verdict alone: issue order, no reference run (fast).
+
+        Findings do not depend on the order device work runs in, so this gives the same detector
+        keys as `run`; differential and value failures need `run`."""
+        import racecheck
+        from racecheck.scenarios import RunContext
+        cfg = self.concrete_config(example)
+        t0 = time.perf_counter()
+        crash = ""
+        rc = racecheck.session(device=self.device)
+        try:
+            with rc:
+                ctx = RunContext(rc.device_module, "cpu" if self.device == "sim" else self.device, rc,
+                                 pin=True, seed=int(example.get("seed", 0)))
+                self.sc.run_once(cfg, ctx)
+        except UsageError:
+            raise
+        except Exception as exc:
+            crash = _crash_text(exc)
+        keys = []
+        findings = list(rc.findings)
+        for f in findings:
+            _add(keys, finding_key(f))
+        if crash:
+            keys.append(f"CRASH {crash.split(':', 1)[0]}")
+        return Outcome(keys, findings, None, [], crash, list(rc.internal_errors), time.perf_counter() - t0, cfg)
+
+    def run(self, example: dict) -> Outcome:
+        """Run one example. An invalid configuration raises UsageError."""
+        from racecheck import scenarios
+        cfg = self.concrete_config(example)
+        plan = example.get("plan")
+        opts = {}
+        executor = None
+        if self.device == "sim" and plan is not None:
+            from racecheck.instrumentation.adversarial import AdversarialExecutor
+            executor = AdversarialExecutor(plan)
+            opts["executor"] = executor
+        elif plan is not None and plan.get("holds"):
+            opts["delay_plan"] = plan["holds"]        # GPUs: the holds become real sleeps
+        t0 = time.perf_counter()
+        keys, findings, crash, internal, result = [], [], "", [], None
+        try:
+            result = scenarios.run(self.sc, cfg, device=self.device, seed=int(example.get("seed", 0)),
+                                   session_options=opts)
+            findings = list(result.findings)
+            internal = list(getattr(result, "internal_errors", ()) or ())
+        except UsageError:
+            raise
+        except Exception as exc:   # the program itself failed under this order
+            crash = _crash_text(exc)
+        for f in findings:
+            _add(keys, finding_key(f))
+        faults = list(executor.faults) if executor is not None else []
+        if faults and not crash:
+            # An op that fails under any order is a program bug, not a race: check issue order.
+            eager = self.run(dict(example, plan=None)) if plan is not None else None
+            if eager is not None and eager.crash:
+                crash = eager.crash
+                faults = []
+        for fl in faults:
+            _add(keys, f"FAULT {fl['op']}")
+        if crash:
+            keys.append(f"CRASH {crash.split(':', 1)[0]}")
+        for text in internal:
+            head = text.split("\n", 1)[0]
+            kind = head.split(": ", 2)[1] if head.count(": ") >= 2 else "Error"
+            _add(keys, f"INTERNAL {kind}")
+        return Outcome(keys, findings, result, faults, crash, internal, time.perf_counter() - t0, cfg,
+                       executor.describe() if executor is not None else {})
