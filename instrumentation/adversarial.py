@@ -51,11 +51,11 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from .classify import WRITE, classify
+from .delays import DelayPlanError, normalize_holds
 from .executor import Executor
 
-__all__ = ["AdversarialExecutor", "normalize_plan", "PlanError", "EMPTY_PLAN"]
+__all__ = ["AdversarialExecutor", "normalize_plan", "PlanError"]
 
-EMPTY_PLAN = {"priorities": {}, "host": 0, "change_points": [], "holds": []}
 _DEMOTED = -1_000_000          # a change point's priority (times its rank): below every plan's
 
 # In-place ops that change a tensor's metadata (shape, strides), not its data: run at issue.
@@ -99,19 +99,13 @@ def normalize_plan(plan) -> dict:
     if not isinstance(cps, (list, tuple)):
         raise PlanError("plan 'change_points' must be a list of step numbers")
     cps = sorted(int(_num(c, "a change point")) for c in cps)
-    holds = []
-    for h in plan.get("holds", []) or []:
-        if not isinstance(h, dict) or "stream" not in h or "us" not in h:
-            raise PlanError(f"a hold is {{'stream': S, 'before_op': K | 'op': NAME, 'us': N}}, got {h!r}")
-        if ("before_op" in h) == ("op" in h):
-            raise PlanError(f"a hold names exactly one of 'before_op' and 'op': {h!r}")
-        hh = {"stream": str(h["stream"]) if not isinstance(h["stream"], int) else f"#{h['stream']}",
-              "us": _num(h["us"], "a hold's 'us'")}
-        if "before_op" in h:
-            hh["before_op"] = int(_num(h["before_op"], "a hold's 'before_op'"))
-        else:
-            hh["op"] = str(h["op"])
-        holds.append(hh)
+    holds = plan.get("holds", []) or []
+    if not isinstance(holds, (list, tuple)):
+        raise PlanError("plan 'holds' must be a list of holds")
+    try:
+        holds = normalize_holds(holds)          # one validation for sim plans and GPU delay plans
+    except DelayPlanError as exc:
+        raise PlanError(str(exc)) from None
     return {"priorities": out_prios, "host": host, "change_points": cps, "holds": holds}
 
 

@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+from .devices import DEVICES
 from .errors import EXIT_CLEAN, EXIT_FINDINGS
 from .suppressions import GateResult, filter_findings, gate_meta, warn_stale
 
@@ -94,7 +95,7 @@ def _ci_parser():
                    help="also run this variant of each scenario (repeatable); the default config always runs")
     p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE", help="passed to `racecheck run`")
     p.add_argument("--seed", default=None, help="passed to `racecheck run`")
-    p.add_argument("--device", default="sim", choices=["sim", "cuda", "npu"])
+    p.add_argument("--device", default="sim", choices=DEVICES)
     p.add_argument("--pytest", nargs=argparse.REMAINDER, default=None, metavar="ARGS",
                    help="run the repo's own tests under `pytest --racecheck ARGS` (must come last)")
     p.add_argument("--findings", action="append", default=[], metavar="FILE",

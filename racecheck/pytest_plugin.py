@@ -16,6 +16,8 @@ import time
 
 import pytest
 
+from racecheck.devices import DEVICES
+
 _STATE = pytest.StashKey()
 _FINDINGS = pytest.StashKey()
 
@@ -38,7 +40,7 @@ def pytest_addoption(parser):
     group = parser.getgroup("racecheck", "stream-synchronization race detection")
     group.addoption("--racecheck", action="store_true", default=False,
                     help="run each test under the racecheck detector; races fail the test")
-    group.addoption("--racecheck-device", default="sim", choices=["sim", "cuda", "npu"],
+    group.addoption("--racecheck-device", default="sim", choices=DEVICES,
                     help="racecheck backend (default: sim)")
     group.addoption("--racecheck-report", action="append", default=[], metavar="FORMAT=FILE",
                     help="write all findings at the end (console, json, sarif, junit, html, perfetto); repeatable")

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import racecheck
 from racecheck.instrumentation.adversarial import AdversarialExecutor, PlanError, normalize_plan
+from racecheck.instrumentation.delays import DelayPlanError, normalize_holds
 from racecheck.fuzz import strategies as rs
 
 from cases import EXPECTED
@@ -305,9 +306,31 @@ def test_plans_are_validated():
     assert normalize_plan(None)["holds"] == []
     assert normalize_plan({"priorities": [0, 2]})["priorities"] == {"#0": 0, "#1": 2}
     for bad in ([1], {"bogus": 1}, {"priorities": 3}, {"host": "x"},
-                {"holds": [{"stream": "s", "us": 1}]}, {"holds": [{"stream": "s", "op": "a", "before_op": 1, "us": 1}]}):
+                {"holds": [{"stream": "s", "us": 1}]}, {"holds": [{"stream": "s", "op": "a", "before_op": 1, "us": 1}]},
+                {"holds": {"stream": "s"}}):
         with pytest.raises(PlanError):
             normalize_plan(bad)
+
+
+@pytest.mark.parametrize("hold", [
+    {"stream": "s", "before_op": 1, "us": -5},            # negative length
+    {"stream": "s", "before_op": -1, "us": 5},            # not a launch count
+    {"stream": "s", "before_op": 1.5, "us": 5},
+    {"stream": "s", "before_op": 1, "us": 5, "extra": 1},  # unknown key
+    {"stream": True, "before_op": 1, "us": 5},
+])
+def test_plan_holds_are_checked_as_strictly_as_delay_plans(hold):
+    """One validation for holds: what a GPU delay plan rejects, a sim plan rejects too."""
+    with pytest.raises(DelayPlanError):
+        normalize_holds([hold])
+    with pytest.raises(PlanError):
+        normalize_plan({"holds": [hold]})
+
+
+def test_plan_holds_take_the_delay_plans_canonical_form():
+    hold = {"stream": 2, "before_op": 3, "us": 50}
+    assert normalize_plan({"holds": [hold]})["holds"] == normalize_holds([hold]) == [
+        {"stream": "#2", "us": 50.0, "before_op": 3}]
 
 
 def test_plans_strategy_round_trips_through_json():

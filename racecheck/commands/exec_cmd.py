@@ -7,12 +7,13 @@ import runpy
 import sys
 import traceback
 
+from racecheck.devices import DEVICES
 from racecheck.errors import EXIT_CLEAN, UsageError
 from racecheck.gate import report_session
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--device", default="sim", choices=["sim", "cuda", "npu"],
+    p.add_argument("--device", default="sim", choices=DEVICES,
                    help="backend to run the program on (default: sim)")
     p.add_argument("--report", action="append", default=[], metavar="FORMAT=FILE",
                    help="also write findings as FORMAT (json, sarif, junit, html, perfetto) to FILE")

@@ -5,12 +5,13 @@ Exit 1 when the failure reproduces, 0 when it no longer does (fixed, or the scen
 """
 from __future__ import annotations
 
+from racecheck.devices import DEVICES
 from racecheck.errors import EXIT_CLEAN, EXIT_FINDINGS
 
 
 def add_arguments(p) -> None:
     p.add_argument("file", metavar="FILE", help="a repro record written by `racecheck fuzz`")
-    p.add_argument("--device", default=None, choices=["sim", "cuda", "npu"],
+    p.add_argument("--device", default=None, choices=DEVICES,
                    help="replay on another backend (default: the record's, normally sim)")
     p.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="replay N times and report how often the failure came back")

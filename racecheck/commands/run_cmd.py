@@ -7,22 +7,21 @@ from __future__ import annotations
 
 import shlex
 
+from racecheck.devices import DEVICES
+from racecheck.gate import add_gate_arguments, finish
+
 
 def add_arguments(p) -> None:
     p.add_argument("scenario", help="scenario name (see `racecheck list`)")
     p.add_argument("--variant", default=None, metavar="V", help="a fix-off variant, e.g. no-mrope_recompute")
     p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE", dest="sets",
                    help="override a knob (repeatable), e.g. --set plan_stream=on")
-    p.add_argument("--device", default="sim", choices=["sim", "cuda", "npu"], help="backend (default: sim)")
+    p.add_argument("--device", default="sim", choices=DEVICES, help="backend (default: sim)")
     p.add_argument("--seed", default=0, type=_seed, help="request contents seed (default: 0)")
     p.add_argument("--drop-sync", action="append", default=[], metavar="SITE", dest="drop_sync",
                    help="drop a synchronization site (repeatable; ids from `racecheck mutate "
                         "SCENARIO --list`, fnmatch patterns allowed)")
-    try:
-        from racecheck.gate import add_gate_arguments
-        add_gate_arguments(p)
-    except ImportError:
-        p.add_argument("--report", action="append", default=[], metavar="FORMAT=FILE")
+    add_gate_arguments(p)
 
 
 def _seed(text: str) -> int:
@@ -59,12 +58,9 @@ def main(args) -> int:
     if getattr(args, "drop_sync", None):
         sets["drop_sync"] = ",".join(args.drop_sync)
     cfg = sc.config(variant=args.variant, overrides=sets)
-    if getattr(args, "report", None):
-        try:
-            from racecheck.reports import parse_report_specs
-            parse_report_specs(args.report)
-        except ImportError:
-            pass
+    if args.report:
+        from racecheck.reports import parse_report_specs
+        parse_report_specs(args.report)
 
     console = Console(highlight=False)
     changed = {k: v for k, v in cfg.items() if v != sc.config()[k]}
@@ -80,14 +76,7 @@ def main(args) -> int:
     repro = repro_line(sc.name, args.variant, sets, args.device, args.seed)
     meta = {"scenario": sc.name, "variant": args.variant or "", "device": args.device, "seed": args.seed,
             "config": cfg, "repro": repro, "time": res.seconds}
-    try:
-        from racecheck.gate import finish
-        code = finish(res.findings, args, meta, console=console)
-    except ImportError:
-        for f in res.findings:
-            console.print(f.message(), markup=False)
-            console.print(f"  fix: {f.suggestion}", markup=False)
-        code = 1 if res.findings else 0
+    code = finish(res.findings, args, meta, console=console)
     if res.diff_ok:
         console.print(f"differential: outputs equal the serialized run ({res.seconds:.2f}s)", markup=False)
     else:
