@@ -28,6 +28,9 @@ COMMANDS = {
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="racecheck", description="Stream-synchronization race detector for GPU inference engines.")
+    parser.add_argument("--scenario-path", action="append", default=[], metavar="PATH",
+                        help="also load the scenarios of a Python file or package folder (repeatable; "
+                             "also RACECHECK_SCENARIO_PATH); goes before COMMAND")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for name, help_text in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -48,6 +51,10 @@ def main(argv=None) -> int:
         if args.command is None:
             parser.print_help()
             return EXIT_USAGE
+        if args.scenario_path:
+            from racecheck import scenarios
+            for path in args.scenario_path:
+                scenarios.add_path(path)
         return int(args._module.main(args) or 0)
     except UsageError as exc:
         err_line(f"racecheck: error: {exc}")

@@ -89,6 +89,8 @@ def _ci_parser():
 
     from .cliparse import Parser
     p = Parser(prog="racecheck-gate", description=CI_USAGE)
+    p.add_argument("--scenario-path", action="append", default=[], metavar="PATH",
+                   help="load the scenarios of a Python file or package folder (repeatable)")
     p.add_argument("--scenario", action="append", default=[], metavar="NAME",
                    help="scenario to run (repeatable; default eagle-v2 unless --findings/--pytest only)")
     p.add_argument("--variant", action="append", default=[], metavar="V",
@@ -153,6 +155,10 @@ def _ci_main(argv, err) -> int:
     from .suppressions import load_baseline, load_suppressions
 
     args = _ci_parser().parse_args(argv)
+    if args.scenario_path:
+        from racecheck import scenarios as registry
+        for path in args.scenario_path:      # checked now; the runs below inherit it
+            registry.add_path(path)
     # inputs first: a bad suppressions/baseline file must fail before minutes of scenario runs
     sups = load_suppressions(args.suppressions) if args.suppressions else []
     base = load_baseline(args.baseline) if args.baseline else set()
