@@ -132,10 +132,9 @@ def test_no_upward_import(graph):
     assert not up, "imports from a lower layer to a higher one:\n" + "\n".join(up)
 
 
-def test_reports_read_only_core():
+def test_reports_read_only_core(graph):
     """Reports render findings; they never run programs (`racecheck.reports` -> core only)."""
-    g = import_graph()
-    bad = sorted(f"{a} -> {b}" for a, b in g.edges
+    bad = sorted(f"{a} -> {b}" for a, b in graph.edges
                  if _under(a, "racecheck.reports") and not _under(b, "racecheck.reports") and layer(b) != "core")
     assert not bad, bad
 
