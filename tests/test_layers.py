@@ -7,7 +7,7 @@ The layers, bottom to top (docs/ARCHITECTURE.md draws them):
     instrumentation  racecheck.instrumentation: turns a running program into trace events
     session          racecheck.session and the `racecheck` package itself: the public API
     scenarios        racecheck.scenarios (pipelines under test) and racecheck.reports (renderers)
-    drivers          racecheck.fuzz (and the coming mutation analysis): run scenarios many times
+    drivers          racecheck.fuzz, racecheck.mutate: run scenarios many times
     cli              command lines, the gate, the start-up hook, the pytest plugin
 """
 from __future__ import annotations
@@ -117,7 +117,8 @@ def graph():
 
 def test_the_graph_sees_the_whole_package(graph):
     assert {"racecheck.checker", "racecheck.instrumentation.sim", "racecheck.scenarios.eagle_v2.scheduler",
-            "racecheck.reports.sarif", "racecheck.fuzz.engine", "racecheck.commands.fuzz_cmd"} <= set(graph)
+            "racecheck.reports.sarif", "racecheck.fuzz.engine", "racecheck.mutate", "racecheck.commands.fuzz_cmd"} \
+        <= set(graph)
     # lazy imports inside functions count
     assert graph.has_edge("racecheck.session", "racecheck.instrumentation")
 

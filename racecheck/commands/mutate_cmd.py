@@ -1,6 +1,6 @@
 """`racecheck mutate SCENARIO [--variant V] [--set K=V] [--list] [--quick] [--baseline FILE]`.
 
-Sync mutation analysis (see racecheck.scenarios.mutate): the scenario's clean run, then one run
+Sync mutation analysis (see racecheck.mutate): the scenario's clean run, then one run
 per synchronization site with that site dropped; per site `necessary` (with the rule and tensor
 it protects) or `silent`. `--list` only lists the sites. `--baseline FILE` (a previous `--json`
 output; the scenario's own reviewed table by default, where it ships one) makes the command
@@ -34,7 +34,7 @@ def main(args) -> int:
 
     from racecheck import scenarios
     from racecheck.errors import UsageError
-    from racecheck.scenarios import mutate
+    from racecheck import mutate
 
     console = Console(highlight=False)
     sc = scenarios.get(args.scenario)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from racecheck.errors import UsageError
 
-from .registry import DROP_SYNC, Scenario, run
+from racecheck.scenarios.registry import DROP_SYNC, Scenario, run
 
 NECESSARY, SILENT = "necessary", "silent"
 
