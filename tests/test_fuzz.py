@@ -282,3 +282,27 @@ def test_workers_share_one_database(tmp_path):
         if proc is not None:
             proc.terminate()
             proc.wait(timeout=10)
+
+
+def test_a_variants_dropped_sites_stay_dropped_in_every_example():
+    """Explored examples draw every knob; one left at its default must not undo the variant's
+    drop_sync (set apart from its overrides), else half the examples would fuzz the fixed code."""
+    from hypothesis import HealthCheck, given, settings
+
+    from racecheck.fuzz import strategies as rs
+    from racecheck.scenarios import Scenario, Variant
+    from test_fuzz_toy import KNOBS, SWITCHES, runner
+
+    site = "prog:step:wait_stream#0"
+    sc = Scenario("toy-drop", "", KNOBS, SWITCHES, [Variant("no-wait", {}, [], "drops a wait", drop_sync=(site,))],
+                  runner=runner, resolve=lambda c: c, reference=dict, diff_fields={})
+    explored = []
+
+    @settings(max_examples=40, database=None, derandomize=True, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(ex=rs.examples(sc, "no-wait"))
+    def check(ex):
+        explored.append("scale" in ex["config"] or ex["config"].get("event_fix") is not None)
+        assert sc.config("no-wait", ex["config"])["drop_sync"] == site
+    check()
+    assert any(explored)

@@ -128,7 +128,9 @@ def configs(draw, sc, variant=None, *, draw_switches: bool = False, fixed: dict 
         for name, knob in sc.knobs.items():
             if name in drawn or name in switch_names or name in base:
                 continue
-            cfg[name] = draw(knob_values(knob))
+            value = draw(knob_values(knob))
+            if value != knob.default:     # a default set explicitly would undo what a variant
+                cfg[name] = value          # sets otherwise (its dropped synchronization sites)
     sw = draw(switches(sc, draw=draw_switches, fixed={k: v for k, v in base.items() if k in switch_names}))
     cfg.update({k: v for k, v in sw.items() if k not in base})
     cfg.update(base)
