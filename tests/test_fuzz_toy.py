@@ -90,7 +90,7 @@ def _reference(cfg):
 
 def _strategy(sc, fixed, explore):
     """The toy's own draws: requests joining and finishing over the iterations."""
-    from racecheck.scenarios.batching import schedules
+    from racecheck.scenarios.serving import schedules
     return schedules().map(lambda s: {k: v for k, v in s.items() if k not in fixed})
 
 

@@ -135,6 +135,16 @@ VARIANTS = [
 ]
 
 
+def _strategy(sc, fixed, explore):
+    """The fuzzer's own draws: a consistent speculative-decoding shape, when exploring."""
+    from hypothesis import strategies as st
+
+    from ..serving import spec_params
+    if not explore:
+        return st.just({})
+    return spec_params(sc).map(lambda sp: {k: v for k, v in sp.items() if k not in fixed})
+
+
 SCENARIO = Scenario(
     name="sglang-eagle-v2",
     description="the installed sglang's EAGLE v2 overlap decode loop (real scheduler, FutureMap, "
@@ -144,7 +154,8 @@ SCENARIO = Scenario(
     diff_fields={"output_ids": {"producer": "EAGLEWorkerV2.forward_batch_generation",
                                 "consumer": "SchedulerBatchResultProcessor.process_batch_result_decode",
                                 "stream": "forward_stream"}},
-    session_options=lambda cfg: {"route_cuda": True})
+    session_options=lambda cfg: {"route_cuda": True},
+    strategy=_strategy, drawn_knobs=("steps", "topk", "draft_tokens"))
 
 
 def _engine_version():

@@ -1,8 +1,9 @@
 """Hypothesis strategies for a serving loop's shape, for scenarios' `strategy()` hooks.
 
-    from racecheck.scenarios import batching
-    batching.schedules(buckets=[1, 2, 4, 8])      # {"iterations": n, "schedule": "0:+3x2;1:+2"}
-    batching.batch_sizes([1, 2, 4, 8])            # sizes on both sides of every bucket
+    from racecheck.scenarios import serving
+    serving.schedules(buckets=[1, 2, 4, 8])       # {"iterations": n, "schedule": "0:+3x2;1:+2"}
+    serving.batch_sizes([1, 2, 4, 8])             # sizes on both sides of every bucket
+    serving.spec_params(sc)                       # {"steps", "topk", "draft_tokens"}
 
 Requests join and finish over the iterations of a decode loop, and batch sizes straddle the
 CUDA-graph buckets so that padding happens: the patterns behind stale-row and reuse races.
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-__all__ = ["batch_sizes", "schedules", "SCHEDULE_PATTERNS", "MAX_ITERATIONS"]
+__all__ = ["batch_sizes", "schedules", "spec_params", "SCHEDULE_PATTERNS", "MAX_ITERATIONS"]
 
 MAX_ITERATIONS = 8
 
@@ -89,3 +90,32 @@ def schedules(draw, buckets=(1, 2, 4, 8), *, max_iterations: int = MAX_ITERATION
     arrivals = [(i, c, life if life is not None and i + life < n else None) for i, c, life in arrivals]
     arrivals.sort(key=lambda a: a[0])
     return {"iterations": n, "schedule": _format_schedule(arrivals)}
+
+
+def _knob(sc, name):
+    return sc.knobs.get(name)
+
+
+@st.composite
+def spec_params(draw, sc=None):
+    """Speculative-decoding shape: steps, topk (1 = chain, >1 = tree) and draft tokens."""
+    k_steps, k_topk, k_draft = _knob(sc, "steps"), _knob(sc, "topk"), _knob(sc, "draft_tokens")
+    steps_d = k_steps.default if k_steps is not None and isinstance(k_steps.default, int) else 3
+    steps_hi = k_steps.maximum if k_steps is not None and k_steps.maximum else 4
+    steps = draw(st.one_of(st.just(steps_d), st.integers(1, max(steps_hi, steps_d))))
+    topks = [1, 2, 4]
+    if k_topk is not None and k_topk.type == "choice":
+        topks = [int(c) for c in k_topk.choices]
+    if k_topk is not None and isinstance(k_topk.default, int) and k_topk.default in topks:
+        topks.remove(k_topk.default)
+        topks.insert(0, k_topk.default)
+    topk = draw(st.sampled_from(topks))
+    out = {"steps": steps, "topk": topk}
+    if k_draft is None or k_draft.default == "auto":
+        if topk == 1:
+            out["draft_tokens"] = "auto" if k_draft is not None else steps + 1
+        else:
+            out["draft_tokens"] = draw(st.one_of(st.just("auto"), st.integers(2, steps * topk + 1)))
+    else:
+        out["draft_tokens"] = steps + 1 if topk == 1 else draw(st.integers(2, steps * topk + 1))
+    return out
