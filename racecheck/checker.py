@@ -41,6 +41,11 @@ Choices where the rules leave room
 * RC005 is checked only for device allocations the trace saw allocated (Alloc with host=False):
   pinned host blocks are protected by the host caching allocator's own stream events, and a block
   of unknown allocation stream cannot be judged.
+* RC005 is judged when the freed block could first be reused, not at the free: a free while
+  another stream's access is unordered opens a hazard on the allocation stream. The stream's next
+  device work (kernel, copy, replay) reports it unless the stream caught up with that access
+  (waits, or a host sync joined at launch) in between; hazards still open when the trace ends
+  are reported by `findings` (the next allocation on that stream would reuse the block).
 * RC006 looks at a graph input's bytes the graph actually reads: outside writes to other bytes of
   the same storage are not "refreshes" (a shared buffer pool does not make every graph's unread
   part look like a stale per-replay input).
@@ -57,6 +62,8 @@ from __future__ import annotations
 import os
 from bisect import bisect_left
 from collections import deque
+from dataclasses import replace
+from typing import NamedTuple
 
 from .clocks import join
 from .findings import Access, ContextEvent, Finding, FindingSet
@@ -80,7 +87,8 @@ _SITED = (Kernel, Copy, HostAccess)    # events whose op names the storages allo
 
 
 class _Timeline:
-    __slots__ = ("tid", "name", "is_host", "device", "vc", "ver", "jh", "jv", "ctx", "noop")
+    __slots__ = ("tid", "name", "is_host", "device", "vc", "ver", "jh", "jv", "ctx", "noop",
+                 "frees")
 
     def __init__(self, tid, is_host, vc, window):
         self.tid = tid
@@ -93,6 +101,17 @@ class _Timeline:
         self.jv = -1          # ... and its version then
         self.ctx = deque(maxlen=window)   # (seq, kind, label, peer tid | None, edge seq)
         self.noop = None      # event -> (seq, stack) of no-op waits made by this timeline
+        self.frees = None     # allocation streams: RC005 hazards open on blocks freed to their pool
+
+
+class _OpenFree(NamedTuple):
+    """An RC005 hazard: a block went back to a pool while `tid`'s access (epoch `clock`) was
+    unordered; judged when the pool's stream next issues work, or at the end of the trace."""
+
+    tid: int
+    clock: int
+    host: int
+    finding: Finding
 
 
 class _GraphInput:
@@ -207,6 +226,7 @@ class Checker:
         self._graphs: dict = {}        # graph -> _Graph
         self._readers: dict = {}       # storage -> [(graph, _GraphInput)] shared with shadows
         self._pend: dict = {}          # races noted during the current event
+        self._frees_open: list = []    # (allocation stream, _OpenFree) in free order
         self._handlers = {
             Kernel: self._on_kernel, Copy: self._on_copy, EventRecord: self._on_record,
             StreamWaitEvent: self._on_wait_event, StreamWaitStream: self._on_wait_stream,
@@ -220,7 +240,13 @@ class Checker:
 
     @property
     def findings(self) -> list:
-        return list(self.finding_set.items)
+        """Findings so far, as if the trace ended here (RC005 hazards still open included)."""
+        if not self._frees_open:
+            return list(self.finding_set.items)
+        out = FindingSet(list(self.finding_set.items), set(self.finding_set._seen))
+        for f in self._still_open():
+            out.add(f)
+        return list(out.items)
 
     @property
     def events_processed(self) -> int:
@@ -350,6 +376,8 @@ class Checker:
         tid = s.tid
         c = vc[tid] + 1
         vc[tid] = c
+        if s.frees:
+            self._settle_frees(s, ev)
         rec = (tid, c, seq, ev, None, False, None)
         s.ctx.append(rec)      # a 7-tuple context entry: a kernel (see _ctx_entry)
         if ev.reads:
@@ -359,6 +387,8 @@ class Checker:
 
     def _on_copy(self, ev, seq):
         s = self._launch(ev)
+        if s.frees:
+            self._settle_frees(s, ev)
         vc = s.vc
         tid = s.tid
         c = vc[tid] + 1
@@ -593,6 +623,41 @@ class Checker:
                 inp.ever = []
                 inp.fresh = []
 
+    def _open_free(self, a, hazard):
+        if a.frees is None:
+            a.frees = []
+        a.frees.append(hazard)
+        self._frees_open.append((a, hazard))
+
+    def _settle_frees(self, a, ev):
+        """The allocation stream `a` issues work that may reuse its freed blocks: every hazard
+        it is still unordered with becomes a finding; the others closed when `a` caught up."""
+        vc = a.vc
+        for hz in a.frees:
+            if hz.clock > vc.get(hz.tid, 0):
+                f = hz.finding
+                loc = _fmt_stack(ev.stack)[0] if ev.stack else ""
+                what = getattr(ev, "op", None) or f"replay of graph {getattr(ev, 'graph', '?')}"
+                self.finding_set.add(replace(f, detail=(
+                    f"{f.detail}; `{f.current.stream}` then issued `{what}`"
+                    f"{' at ' + loc if loc else ''} before waiting for `{f.previous.stream}`")))
+        a.frees = None
+        self._frees_open = [x for x in self._frees_open if x[0] is not a]
+
+    def _still_open(self):
+        """Findings of hazards open at the end of the trace so far (the next allocation on the
+        stream would reuse the block), unless the stream or the freeing host caught up."""
+        tls = self._tl
+        for a, hz in self._frees_open:
+            if hz.clock <= a.vc.get(hz.tid, 0):
+                continue
+            h = tls.get(hz.host)
+            if h is not None and hz.clock <= h.vc.get(hz.tid, 0):
+                continue
+            f = hz.finding
+            yield replace(f, detail=f"{f.detail}; the trace ends with `{f.current.stream}` "
+                                    f"still not ordered after it")
+
     def _check_rc005(self, ev, seq, h, blk, a_tid, sh, rs):
         a = self._tl.get(a_tid)
         avc = a.vc if a is not None else {}
@@ -637,7 +702,7 @@ class Checker:
                 approx=self._approx(rec, blk) or "",
                 context=self._context((t, a_tid, h.tid), rec[R_SEQ], seq),
                 missing_edge=(other, a_name))
-            self.finding_set.add(f)
+            self._open_free(a, _OpenFree(t, rec[R_CLOCK], h.tid, f))
 
     # ---- graphs -------------------------------------------------------------------------------
 
@@ -677,6 +742,8 @@ class Checker:
 
     def _on_replay(self, ev, seq):
         s = self._launch(ev)
+        if s.frees:
+            self._settle_frees(s, ev)
         vc = s.vc
         tid = s.tid
         c = vc[tid] + 1
