@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from racecheck.trace import CapturedOp, Copy, HostAccess, Kernel
 
 from . import stacks
-from .classify import META, READ_WRITE, WRITE, classify, iter_out_tensors
+from .classify import META, READ_WRITE, WRITE, arg_value, classify, iter_out_tensors
 from .footprints import CACHE_ATTR
 from .indexops import index_footprint
 from .kernels import declared_op
@@ -324,6 +324,8 @@ class Interceptor(TorchDispatchMode):
                     writes.append(f)
                 else:
                     reads.append(f)
+        if oc.index_role is not None and reads:
+            self._mark_index_reads(oc, args, kwargs, reads)
         stack = stacks.capture()
         if place is HOST or (any_tensor and not any_device and place is not DEVICE):
             if deferred is not None:     # host memory only: runs now, its indices are final
@@ -372,6 +374,21 @@ class Interceptor(TorchDispatchMode):
         if oc.data_dependent or (oc.name == "_to_copy" and _blocking_transfer(kwargs, reads, writes)):
             self.backend.host_wait_stream(stream)
         return out
+
+    def _mark_index_reads(self, oc, args, kwargs, reads) -> None:
+        """Reads of the index argument become index-role reads into the indexed storage."""
+        index_name, target_name = oc.index_role
+        target = arg_value(oc, target_name, args, kwargs)
+        if not isinstance(target, torch.Tensor):
+            return
+        lookup = self.maker.registry.lookup
+        into = lookup(target)[0]
+        ix = arg_value(oc, index_name, args, kwargs)
+        ixs = [ix] if isinstance(ix, torch.Tensor) else [
+            x for x in (ix or ()) if isinstance(x, torch.Tensor)]
+        sids = {lookup(x)[0] for x in ixs if x.numel()} - {into}
+        if sids:
+            reads[:] = [f.as_index_into(into) if f.storage in sids else f for f in reads]
 
     # -- queued executors (sim's adversarial executor) ------------------------------------------
 

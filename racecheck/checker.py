@@ -70,8 +70,8 @@ from .findings import Access, ContextEvent, Finding, FindingSet
 from .shadow import (StorageShadow, iv_add, iv_intersect, iv_normalize, iv_subtract,
                      iv_union)
 from .trace import (frame_info, Alloc, Copy, EventRecord, Free, GraphCapture, GraphReplay, HostAccess,
-                    HostSync, Kernel, NameTensor, NameTimeline, RecordStream, StreamWaitEvent,
-                    StreamWaitStream)
+                    HostSync, Kernel, NameTensor, NameTimeline, RecordStream, StaleTolerant,
+                    StreamWaitEvent, StreamWaitStream)
 
 __all__ = ["Checker"]
 
@@ -114,6 +114,14 @@ class _OpenFree(NamedTuple):
     finding: Finding
 
 
+class _StaleIndex(NamedTuple):
+    """RC006 on stale declared-tolerant indices, due once `into` is written after `captured`."""
+
+    into: int
+    captured: int
+    finding: Finding
+
+
 class _GraphInput:
     """One storage a captured graph reads: its read ranges and the RC006 refresh state."""
 
@@ -128,11 +136,12 @@ class _GraphInput:
 
 
 class _Graph:
-    __slots__ = ("gid", "ops", "inputs", "nreplays", "first_replay", "last_replay")
+    __slots__ = ("gid", "ops", "inputs", "nreplays", "first_replay", "last_replay", "captured")
 
-    def __init__(self, gid, ops):
+    def __init__(self, gid, ops, captured):
         self.gid = gid
         self.ops = ops
+        self.captured = captured  # seq of the capture: writes after it make memory "mutated"
         self.inputs = {}
         self.nreplays = 0
         self.first_replay = None
@@ -227,6 +236,9 @@ class Checker:
         self._readers: dict = {}       # storage -> [(graph, _GraphInput)] shared with shadows
         self._pend: dict = {}          # races noted during the current event
         self._frees_open: list = []    # (allocation stream, _OpenFree) in free order
+        self._tolerant: dict = {}      # storage -> byte intervals declared stale-tolerant
+        self._stale_open: list = []    # _StaleIndex whose indexed memory was not written yet
+        self._stale_seen: set = set()
         self._handlers = {
             Kernel: self._on_kernel, Copy: self._on_copy, EventRecord: self._on_record,
             StreamWaitEvent: self._on_wait_event, StreamWaitStream: self._on_wait_stream,
@@ -234,6 +246,7 @@ class Checker:
             Alloc: self._on_alloc, Free: self._on_free, RecordStream: self._on_record_stream,
             GraphCapture: self._on_capture, GraphReplay: self._on_replay,
             NameTensor: self._on_name_tensor, NameTimeline: self._on_name_timeline,
+            StaleTolerant: self._on_stale_tolerant,
         }
 
     # ---- public API ---------------------------------------------------------------------------
@@ -241,11 +254,14 @@ class Checker:
     @property
     def findings(self) -> list:
         """Findings so far, as if the trace ended here (RC005 hazards still open included)."""
-        if not self._frees_open:
+        if not self._frees_open and not self._stale_open:
             return list(self.finding_set.items)
         out = FindingSet(list(self.finding_set.items), set(self.finding_set._seen))
         for f in self._still_open():
             out.add(f)
+        for hz in self._stale_open:
+            if self._mutated_since(hz.into, hz.captured):
+                out.add(hz.finding)
         return list(out.items)
 
     @property
@@ -610,6 +626,8 @@ class Checker:
         blk = ev.block
         h.ctx.append((seq, blk))     # a 2-tuple context entry: a free (see _ctx_entry)
         info = self._allocs.pop(blk, None)
+        if self._stale_open:
+            self._settle_stale_indices(blk)
         sh = self._shadow.pop(blk, None)
         rs = (self._recstreams.pop(blk, None) or ()) if self._recstreams else ()
         if sh is not None and info is not None and not info[1] and info[0] is not None \
@@ -617,6 +635,8 @@ class Checker:
             self._check_rc005(ev, seq, h, blk, info[0], sh, rs)
         if self._names:
             self._names.pop(blk, None)
+        if self._tolerant:
+            self._tolerant.pop(blk, None)
         self._sites.pop(blk, None)
         if self._readers:
             for _g, inp in self._readers.get(blk, ()):
@@ -715,7 +735,7 @@ class Checker:
                 lst = self._readers.get(st)
                 if lst:
                     lst[:] = [x for x in lst if x[1] is not inp]
-        gr = _Graph(g, list(ev.ops))
+        gr = _Graph(g, list(ev.ops), seq)
         for idx, op in enumerate(gr.ops):
             for fp in op.reads:
                 if fp.approx:
@@ -773,18 +793,71 @@ class Checker:
             fresh = iv_intersect(inp.fresh, inp.read)
             if fresh and gr.nreplays > 0:
                 stale = iv_subtract(iv_intersect(inp.read, inp.ever), fresh)
+                tol = self._tolerant.get(st) if stale and self._tolerant else None
+                if tol:
+                    self._stale_indices(gr, inp, iv_intersect(stale, tol), fresh, ev, seq, s)
+                    stale = iv_subtract(stale, tol)
                 if stale:
-                    self._report_rc006(gr, inp, stale, fresh, ev, seq, s)
+                    self.finding_set.add(self._report_rc006(gr, inp, stale, fresh, ev, seq, s))
             inp.ever = iv_union(inp.ever, fresh)
             inp.fresh = []
 
-    def _report_rc006(self, gr, inp, stale, fresh, ev, seq, s):
+    def _stale_indices(self, gr, inp, stale, fresh, ev, seq, s):
+        """Stale declared-tolerant bytes are harmless data, unless a captured op reads them as
+        indices into memory the run mutates: RC006 then, whether the write into that memory
+        comes before this replay or after it (decided when findings are read)."""
+        st = inp.storage
+        for idx in inp.ops:
+            for fp in gr.ops[idx].reads:
+                into = fp.index_into
+                if fp.storage != st or into is None:
+                    continue
+                used = iv_intersect(iv_normalize(fp.ranges), stale)
+                if not used:
+                    continue
+                target = self._storage_label(into)
+                f = self._report_rc006(gr, inp, used, fresh, ev, seq, s, reader=gr.ops[idx],
+                                       why=(f"; they are declared stale-tolerant, but "
+                                            f"`{gr.ops[idx].op}` uses them as indices into "
+                                            f"{target}, which the run writes after the graph's "
+                                            f"capture"))
+                hz = _StaleIndex(into, gr.captured, f)
+                if self._mutated_since(into, gr.captured):
+                    self.finding_set.add(f)
+                elif f.signature not in self._stale_seen:
+                    self._stale_seen.add(f.signature)
+                    self._stale_open.append(hz)
+
+    def _settle_stale_indices(self, blk):
+        """`blk` dies: its write history goes, so stale indices into it are judged now."""
+        keep = []
+        for hz in self._stale_open:
+            if hz.into != blk:
+                keep.append(hz)
+            elif self._mutated_since(blk, hz.captured):
+                self.finding_set.add(hz.finding)
+        self._stale_open = keep
+
+    def _mutated_since(self, storage, seq) -> bool:
+        sh = self._shadow.get(storage)
+        if sh is None:
+            return False
+        for st in sh.states:
+            if st is not None and st[0] is not None and st[0][R_SEQ] > seq:
+                return True
+        return False
+
+    def _storage_label(self, storage) -> str:
+        nm = self._name_for(storage, 0, 1 << 62)
+        return f"`{nm[2]}`" if nm is not None else f"storage #{storage}"
+
+    def _report_rc006(self, gr, inp, stale, fresh, ev, seq, s, reader=None, why=""):
         g = gr.gid
         st = inp.storage
         tensor, where, nm = self._describe(st, stale)
         # the captured op reading the stale bytes
-        cop = gr.ops[inp.ops[0]]
-        for idx in inp.ops:
+        cop = reader or gr.ops[inp.ops[0]]
+        for idx in (() if reader is not None else inp.ops):
             op = gr.ops[idx]
             if any(iv_intersect(iv_normalize([r for fp in op.reads if fp.storage == st
                                               for r in fp.ranges]), stale)):
@@ -812,14 +885,13 @@ class Checker:
         unit = "rows" if nm is not None and nm[3] else ("elements" if nm is not None else "bytes")
         detail = (f"{unit} {rows} of {tensor} were last written before the previous replay of "
                   f"graph {g}; since then only {self._units(fresh, nm, st)} were rewritten, so "
-                  f"this replay reads stale values there ({where})")
-        f = Finding(
+                  f"this replay reads stale values there ({where}){why}")
+        return Finding(
             rule="RC006", tensor=tensor, current=cur, previous=prev,
             suggestion=f"rewrite (e.g. zero) the padded {unit} {rows} of `{tensor}` before each replay",
             detail=detail, approx=self._fp_approx_in(cop, st) or "",
             context=self._context((prev_tid, s.tid), prev_seq, seq),
             missing_edge=(prev.stream, cur.stream))
-        self.finding_set.add(f)
 
     # ---- names --------------------------------------------------------------------------------
 
@@ -836,6 +908,10 @@ class Checker:
                 break
         else:
             lst.append(entry)
+
+    def _on_stale_tolerant(self, ev, seq):
+        self._host(ev.thread)
+        self._tolerant[ev.storage] = iv_add(self._tolerant.get(ev.storage, []), ev.lo, ev.hi)
 
     def _on_name_timeline(self, ev, seq):
         self._host(ev.thread)
