@@ -6,17 +6,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-RULES = {
-    "RC001": ("read-after-write", "read after write on another stream, unordered"),
-    "RC002": ("write-after-read", "write after read on another stream, unordered"),
-    "RC003": ("write-after-write", "write after write on another stream, unordered"),
-    "RC004": ("host-device", "host and device unordered on host memory"),
-    "RC005": ("allocator-reuse", "memory freed for reuse while another stream's access is unordered (missing record_stream)"),
-    "RC006": ("stale-graph-input", "graph replay reads per-replay input elements not rewritten since the previous replay"),
-    "RC007": ("graph-output-overwritten", "graph output read after a later replay of the same graph overwrote it"),
-    "RC008": ("wait-before-record", "wait on an event never recorded (a no-op wait) that something relied on"),
-    "DIFF": ("differential", "outputs differ from a serialized eager run of the same inputs"),
-}
+from . import rules
+from .rules import RULES  # noqa: F401  (re-exported: ids in table order)
+
 
 
 @dataclass(frozen=True)
@@ -67,7 +59,7 @@ class Finding:
 
     @property
     def title(self) -> str:
-        return RULES.get(self.rule, ("", self.rule))[1]
+        return rules.get(self.rule).title
 
     @property
     def signature(self) -> tuple:
