@@ -75,8 +75,86 @@ from .trace import (frame_info, Alloc, Copy, EventRecord, Free, GraphCapture, Gr
 
 __all__ = ["Checker"]
 
-# access record: a plain tuple, one per device op (or per captured op of a replay)
-R_TL, R_CLOCK, R_SEQ, R_EV, R_SUB, R_HOST, R_GRAPH = range(7)
+# An access record, one per device op (or per captured op of a replay) or host access: a plain
+# tuple, because this is the hot path and on CPython 3.11 a NamedTuple costs three times as much to
+# build and its indexing is not specialized (measured: bench_checker ~11% slower). Its fields,
+# always read through these names (or unpacked):
+#   TL timeline, CLOCK its epoch (ordered before VC iff clock <= VC[tl]), SEQ trace position,
+#   EV the trace event, SUB the CapturedOp of a replay (else None), HOST a host access,
+#   GRAPH the replayed graph (else None).
+TL, CLOCK, SEQ, EV, SUB, HOST, GRAPH = range(7)
+
+
+class _Ctx(NamedTuple):
+    """A context entry of a timeline. A kernel's entry is its access record (a plain tuple: nothing
+    to build on the hot path) and a free's a _CtxFree; `_ctx_entry` turns both into a _Ctx."""
+
+    seq: int
+    kind: str
+    label: str
+    peer: object     # the other timeline of a sync edge, or None
+    edge: int        # seq of the event at the other end of that edge, or -1
+
+
+class _CtxFree(NamedTuple):
+    seq: int
+    block: int
+
+
+class _Recorded(NamedTuple):
+    """The latest record of an event: the recording stream's clock then."""
+
+    tl: int
+    vc: dict
+    seq: int
+    stack: tuple
+
+
+class _NoopWait(NamedTuple):
+    seq: int
+    stack: tuple
+    host: bool       # event.synchronize() on the host, else a stream's wait_event
+
+
+class _Name(NamedTuple):
+    lo: int
+    hi: int
+    name: str
+    row_bytes: int
+    itemsize: int
+    order: int
+
+
+class _Alloc(NamedTuple):
+    stream: object
+    host: bool
+
+
+class _Site(NamedTuple):
+    op: str
+    top: tuple       # the op's innermost frame (formatted only for a finding)
+
+
+class _Replay(NamedTuple):
+    seq: int
+    tl: int
+    ev: object
+
+
+class _Noted(NamedTuple):
+    """A race noted during the current event; `segs` collects its byte segments."""
+
+    rule: str
+    prev: tuple      # access records
+    cur: tuple
+    pw: bool
+    cw: bool
+    fp: object
+    segs: list
+    sh: StorageShadow
+
+
+_new = tuple.__new__
 
 MAX_STACK = 8
 CONTEXT_CAP = 40
@@ -99,8 +177,8 @@ class _Timeline:
         self.ver = 0          # host timelines: bumped whenever vc changes
         self.jh = None        # streams: host timeline last joined (launch edge) ...
         self.jv = -1          # ... and its version then
-        self.ctx = deque(maxlen=window)   # (seq, kind, label, peer tid | None, edge seq)
-        self.noop = None      # event -> (seq, stack) of no-op waits made by this timeline
+        self.ctx = deque(maxlen=window)   # _Ctx | access record (a kernel) | _CtxFree
+        self.noop = None      # event -> _NoopWait made by this timeline
         self.frees = None     # allocation streams: RC005 hazards open on blocks freed to their pool
 
 
@@ -145,7 +223,7 @@ class _Graph:
         self.inputs = {}
         self.nreplays = 0
         self.first_replay = None
-        self.last_replay = None   # (seq, stream tid, replay event)
+        self.last_replay = None   # _Replay
 
 
 def _basename(path) -> str:
@@ -178,8 +256,8 @@ def _span_text(a: int, b: int) -> str:
 
 def _site(rec):
     """Cheap identity of the code that made an access (for quick dedup of repeated races)."""
-    ev = rec[R_EV]
-    sub = rec[R_SUB]
+    ev = rec[EV]
+    sub = rec[SUB]
     first = ev.stack[0] if ev.stack else getattr(ev, "op", type(ev).__name__)
     if sub is None:
         return first
@@ -193,7 +271,7 @@ def _only_on(sh, tid) -> bool:
         if st is None:
             continue
         w = st[0]
-        if w is not None and w[R_TL] != tid:
+        if w is not None and w[TL] != tid:
             return False
         for t in st[1]:
             if t != tid:
@@ -201,16 +279,24 @@ def _only_on(sh, tid) -> bool:
     return True
 
 
-def _ctx_entry(e):
-    """Context entries are (seq, kind, label, peer tid | None, edge seq), except that a kernel's
-    entry is its access record and a free's is (seq, block): no tuple or label to build for
-    them on the hot path."""
-    n = len(e)
-    if n == 7:
-        return (e[R_SEQ], "kernel", getattr(e[R_EV], "op", "kernel"), None, -1)
-    if n == 2:
-        return (e[0], "free", f"free storage #{e[1]}", None, -1)
+def _ctx_entry(e) -> _Ctx:
+    t = type(e)
+    if t is tuple:       # a kernel's access record
+        return _Ctx(e[SEQ], "kernel", getattr(e[EV], "op", "kernel"), None, -1)
+    if t is _CtxFree:
+        return _Ctx(e.seq, "free", f"free storage #{e.block}", None, -1)
     return e
+
+
+def _ctx_seq(e) -> int:
+    return e[SEQ] if type(e) is tuple else e.seq
+
+
+def _join_launch(s, h) -> None:
+    """The launch edge: stream `s` joins host `h`'s clock (callers test that it changed)."""
+    join(s.vc, h.vc)
+    s.jh = h
+    s.jv = h.ver
 
 
 class Checker:
@@ -225,12 +311,12 @@ class Checker:
         self._streams: list = []       # stream timelines, first-seen order
         self._main = None              # first host timeline
         self._shadow: dict = {}        # storage -> StorageShadow
-        self._names: dict = {}         # storage -> [[lo, hi, name, row_bytes, itemsize, order]]
+        self._names: dict = {}         # storage -> [_Name]
         self._name_order = 0
-        self._records: dict = {}       # event -> (tid, snapshot, seq, stack)
-        self._allocs: dict = {}        # block -> (stream tid, host)
+        self._records: dict = {}       # event -> _Recorded
+        self._allocs: dict = {}        # block -> _Alloc
         self._unsited: list = []       # blocks allocated since the last op (their creator is next)
-        self._sites: dict = {}         # block -> (op, "file.py:line") of the first op touching it
+        self._sites: dict = {}         # block -> _Site of the first op touching it
         self._recstreams: dict = {}    # block -> set of stream tids (membership only)
         self._graphs: dict = {}        # graph -> _Graph
         self._readers: dict = {}       # storage -> [(graph, _GraphInput)] shared with shadows
@@ -284,7 +370,7 @@ class Checker:
 
     def _assign_sites(self, event) -> None:
         """Unnamed storages are described by the first op that touched them (stable across runs)."""
-        site = (event.op, event.stack[:1])  # formatted only if a finding needs it
+        site = _new(_Site, (event.op, event.stack[:1]))  # formatted only if a finding needs it
         for b in self._unsited:
             self._sites[b] = site
         self._unsited.clear()
@@ -369,9 +455,7 @@ class Checker:
         if s is None:
             s = self._new_stream(ev.stream)
         if s.jh is not h or s.jv != h.ver:
-            join(s.vc, h.vc)
-            s.jh = h
-            s.jv = h.ver
+            _join_launch(s, h)
         return s
 
     # ---- device work --------------------------------------------------------------------------
@@ -385,9 +469,7 @@ class Checker:
         if s is None:
             s = self._new_stream(ev.stream)
         if s.jh is not h or s.jv != h.ver:
-            join(s.vc, h.vc)
-            s.jh = h
-            s.jv = h.ver
+            _join_launch(s, h)
         vc = s.vc
         tid = s.tid
         c = vc[tid] + 1
@@ -395,7 +477,7 @@ class Checker:
         if s.frees:
             self._settle_frees(s, ev)
         rec = (tid, c, seq, ev, None, False, None)
-        s.ctx.append(rec)      # a 7-tuple context entry: a kernel (see _ctx_entry)
+        s.ctx.append(rec)      # a kernel's context entry is its record (see _ctx_entry)
         if ev.reads:
             self._read(ev.reads, rec, vc)
         if ev.writes:
@@ -411,7 +493,7 @@ class Checker:
         vc[tid] = c
         src, dst = ev.src, ev.dst
         direction = ("H2H" if dst.host else "H2D") if src.host else ("D2H" if dst.host else "D2D")
-        s.ctx.append((seq, "copy", f"{ev.op} {direction}", None, -1))
+        s.ctx.append(_new(_Ctx, (seq, "copy", f"{ev.op} {direction}", None, -1)))
         rec = (tid, c, seq, ev, None, False, None)
         self._read((src,), rec, vc)
         self._write((dst,), rec, vc, None)
@@ -419,7 +501,7 @@ class Checker:
             h = self._tl[ev.thread]
             join(h.vc, vc)
             h.ver += 1
-            h.ctx.append((seq, "sync", f"blocking {ev.op} {direction}", tid, seq))
+            h.ctx.append(_new(_Ctx, (seq, "sync", f"blocking {ev.op} {direction}", tid, seq)))
 
     def _on_host_access(self, ev, seq):
         h = self._host(ev.thread)
@@ -428,7 +510,7 @@ class Checker:
         c = vc.get(tid, 0) + 1
         vc[tid] = c
         h.ver += 1
-        h.ctx.append((seq, "host", ev.op, None, -1))
+        h.ctx.append(_new(_Ctx, (seq, "host", ev.op, None, -1)))
         rec = (tid, c, seq, ev, None, True, None)
         if ev.reads:
             self._read(ev.reads, rec, vc)
@@ -445,7 +527,7 @@ class Checker:
     def _read(self, fps, rec, vc):
         shadows = self._shadow
         vcget = vc.get
-        tid = rec[0]
+        tid = rec[TL]
         for fp in fps:
             sh = shadows.get(fp.storage)
             if sh is None:
@@ -460,9 +542,9 @@ class Checker:
                     if st is not None:
                         w = st[0]
                         if w is not None:
-                            if w[1] > vcget(w[0], 0):
+                            if w[CLOCK] > vcget(w[TL], 0):
                                 self._race(w, rec, True, False, fp, sh, lo, hi)
-                            if w[6] is not None and fp.born is not None:
+                            if w[GRAPH] is not None and fp.born is not None:
                                 self._check_rc007(w, rec, fp, sh, lo, hi)
                         st[1][tid] = rec
                         continue
@@ -476,9 +558,9 @@ class Checker:
                         continue
                     w = st[0]
                     if w is not None:
-                        if w[1] > vcget(w[0], 0):
+                        if w[CLOCK] > vcget(w[TL], 0):
                             self._race(w, rec, True, False, fp, sh, bounds[k], bounds[k + 1])
-                        if w[6] is not None and fp.born is not None:
+                        if w[GRAPH] is not None and fp.born is not None:
                             self._check_rc007(w, rec, fp, sh, bounds[k], bounds[k + 1])
                     st[1][tid] = rec
 
@@ -503,12 +585,12 @@ class Checker:
                     # fast path: exactly one existing segment
                     st = states[i]
                     w = st[0]
-                    if w is not None and w[1] > vcget(w[0], 0):
+                    if w is not None and w[CLOCK] > vcget(w[TL], 0):
                         self._race(w, rec, True, True, fp, sh, lo, hi)
                     r = st[1]
                     if r:
                         for pr in r.values():
-                            if pr[1] > vcget(pr[0], 0):
+                            if pr[CLOCK] > vcget(pr[TL], 0):
                                 self._race(pr, rec, False, True, fp, sh, lo, hi)
                         r.clear()
                     st[0] = rec
@@ -521,12 +603,12 @@ class Checker:
                         if st is None:
                             continue
                         w = st[0]
-                        if w is not None and w[1] > vcget(w[0], 0):
+                        if w is not None and w[CLOCK] > vcget(w[TL], 0):
                             self._race(w, rec, True, True, fp, sh, bounds[k], bounds[k + 1])
                         r = st[1]
                         if r:
                             for pr in r.values():
-                                if pr[1] > vcget(pr[0], 0):
+                                if pr[CLOCK] > vcget(pr[TL], 0):
                                     self._race(pr, rec, False, True, fp, sh, bounds[k],
                                                bounds[k + 1])
                     sh.collapse(i, j, [rec, {}])
@@ -539,15 +621,15 @@ class Checker:
 
     def _on_record(self, ev, seq):
         s = self._launch(ev)
-        self._records[ev.event] = (s.tid, dict(s.vc), seq, ev.stack)
-        s.ctx.append((seq, "record", f"record event #{ev.event}", None, -1))
+        self._records[ev.event] = _new(_Recorded, (s.tid, dict(s.vc), seq, ev.stack))
+        s.ctx.append(_new(_Ctx, (seq, "record", f"record event #{ev.event}", None, -1)))
 
     def _remember_noop(self, tl, event, seq, stack, host):
         noop = tl.noop
         if noop is None:
             noop = tl.noop = {}
         noop.pop(event, None)
-        noop[event] = (seq, stack, host)
+        noop[event] = _NoopWait(seq, stack, host)
         if len(noop) > NOOP_WAITS_KEPT:
             del noop[next(iter(noop))]
 
@@ -556,23 +638,21 @@ class Checker:
         r = self._records.get(ev.event)
         if r is None:
             self._remember_noop(s, ev.event, seq, ev.stack, False)
-            s.ctx.append((seq, "wait", f"wait_event #{ev.event} (no-op: never recorded)", None, -1))
+            s.ctx.append(_new(_Ctx, (seq, "wait", f"wait_event #{ev.event} (no-op: never recorded)", None, -1)))
             return
-        join(s.vc, r[1])
-        s.ctx.append((seq, "wait", f"wait_event #{ev.event}", r[0], r[2]))
+        join(s.vc, r.vc)
+        s.ctx.append(_new(_Ctx, (seq, "wait", f"wait_event #{ev.event}", r.tl, r.seq)))
 
     def _on_wait_stream(self, ev, seq):
         h = self._host(ev.thread)
         s = self._stream(ev.waiter)
         if s.jh is not h or s.jv != h.ver:
-            join(s.vc, h.vc)
-            s.jh = h
-            s.jv = h.ver
+            _join_launch(s, h)
         t = self._stream(ev.waitee)
         if t is not s:
             join(s.vc, t.vc)
-        edge = _ctx_entry(t.ctx[-1])[0] if t.ctx else -1
-        s.ctx.append((seq, "wait", "wait_stream", t.tid, edge))
+        edge = _ctx_seq(t.ctx[-1]) if t.ctx else -1
+        s.ctx.append(_new(_Ctx, (seq, "wait", "wait_stream", t.tid, edge)))
 
     def _on_host_sync(self, ev, seq):
         h = self._host(ev.thread)
@@ -581,22 +661,22 @@ class Checker:
             s = self._tl.get(target)
             if s is not None and s is not h:
                 join(h.vc, s.vc)
-                h.ctx.append((seq, "sync", "stream synchronize", s.tid,
-                              _ctx_entry(s.ctx[-1])[0] if s.ctx else -1))
+                h.ctx.append(_new(_Ctx, (seq, "sync", "stream synchronize", s.tid,
+                                         _ctx_seq(s.ctx[-1]) if s.ctx else -1)))
         elif kind == "event":
             r = self._records.get(target)
             if r is None:
                 self._remember_noop(h, target, seq, ev.stack, True)
-                h.ctx.append((seq, "sync", f"event #{target} synchronize (no-op: never recorded)",
-                              None, -1))
+                h.ctx.append(_new(_Ctx, (seq, "sync", f"event #{target} synchronize (no-op: "
+                                         f"never recorded)", None, -1)))
             else:
-                join(h.vc, r[1])
-                h.ctx.append((seq, "sync", f"event #{target} synchronize", r[0], r[2]))
+                join(h.vc, r.vc)
+                h.ctx.append(_new(_Ctx, (seq, "sync", f"event #{target} synchronize", r.tl, r.seq)))
         elif kind == "device":
             for s in self._streams:
                 if target is None or s.device is None or s.device == target:
                     join(h.vc, s.vc)
-            h.ctx.append((seq, "sync", "device synchronize", None, -1))
+            h.ctx.append(_new(_Ctx, (seq, "sync", "device synchronize", None, -1)))
         h.ver += 1
 
     # ---- allocator ----------------------------------------------------------------------------
@@ -609,7 +689,7 @@ class Checker:
         if stream is not None and stream not in tls:
             self._new_stream(stream)
         blk = ev.block
-        self._allocs[blk] = (stream, bool(ev.host))
+        self._allocs[blk] = _new(_Alloc, (stream, bool(ev.host)))
         self._unsited.append(blk)
         self._shadow.pop(blk, None)
         if self._recstreams:
@@ -624,15 +704,15 @@ class Checker:
         if h is None:
             h = self._new_host(ev.thread)
         blk = ev.block
-        h.ctx.append((seq, blk))     # a 2-tuple context entry: a free (see _ctx_entry)
+        h.ctx.append(_new(_CtxFree, (seq, blk)))
         info = self._allocs.pop(blk, None)
         if self._stale_open:
             self._settle_stale_indices(blk)
         sh = self._shadow.pop(blk, None)
         rs = (self._recstreams.pop(blk, None) or ()) if self._recstreams else ()
-        if sh is not None and info is not None and not info[1] and info[0] is not None \
-                and not _only_on(sh, info[0]):
-            self._check_rc005(ev, seq, h, blk, info[0], sh, rs)
+        if sh is not None and info is not None and not info.host and info.stream is not None \
+                and not _only_on(sh, info.stream):
+            self._check_rc005(ev, seq, h, blk, info.stream, sh, rs)
         if self._names:
             self._names.pop(blk, None)
         if self._tolerant:
@@ -662,7 +742,7 @@ class Checker:
                     f"{f.detail}; `{f.current.stream}` then issued `{what}`"
                     f"{' at ' + loc if loc else ''} before waiting for `{f.previous.stream}`")))
         a.frees = None
-        self._frees_open = [x for x in self._frees_open if x[0] is not a]
+        self._frees_open = [(b, hz) for b, hz in self._frees_open if b is not a]
 
     def _still_open(self):
         """Findings of hazards open at the end of the trace so far (the next allocation on the
@@ -683,28 +763,29 @@ class Checker:
         avc = a.vc if a is not None else {}
         hvc = h.vc
         tls = self._tl
-        found = {}    # T -> [latest rec, kind, ranges]
+        found = {}    # T -> (latest rec, kind, ranges)
         for lo, hi, st in sh.segments():
             items = [(st[0], "write")] if st[0] is not None else []
             items.extend((r, "read") for r in st[1].values())
             for rec, kind in items:
-                t = rec[R_TL]
-                if t == a_tid or rec[R_HOST] or t in rs:
+                t = rec[TL]
+                if t == a_tid or rec[HOST] or t in rs:
                     continue
                 tl = tls.get(t)
                 if tl is None or tl.is_host:
                     continue
-                c = rec[R_CLOCK]
+                c = rec[CLOCK]
                 if c <= hvc.get(t, 0) or c <= avc.get(t, 0):
                     continue
                 ent = found.get(t)
                 if ent is None:
-                    found[t] = [rec, kind, [(lo, hi)]]
+                    found[t] = (rec, kind, [(lo, hi)])
                 else:
-                    if rec[R_SEQ] > ent[0][R_SEQ]:
-                        ent[0], ent[1] = rec, kind
-                    ent[2] = iv_add(ent[2], lo, hi)
-        for t, (rec, kind, ranges) in sorted(found.items(), key=lambda x: x[1][0][R_SEQ]):
+                    latest, lkind, ranges = ent
+                    if rec[SEQ] > latest[SEQ]:
+                        latest, lkind = rec, kind
+                    found[t] = (latest, lkind, iv_add(ranges, lo, hi))
+        for t, (rec, kind, ranges) in sorted(found.items(), key=lambda x: x[1][0][SEQ]):
             tensor, where, _nm = self._describe(blk, ranges)
             prev = self._access(rec, kind)
             loc, fn, frames = _fmt_stack(ev.stack)
@@ -720,9 +801,9 @@ class Checker:
                         f"while the {kind} by `{prev.op}` on `{other}` is not ordered before "
                         f"the free; a new allocation on `{a_name}` may reuse the bytes under it"),
                 approx=self._approx(rec, blk) or "",
-                context=self._context((t, a_tid, h.tid), rec[R_SEQ], seq),
+                context=self._context((t, a_tid, h.tid), rec[SEQ], seq),
                 missing_edge=(other, a_name))
-            self._open_free(a, _OpenFree(t, rec[R_CLOCK], h.tid, f))
+            self._open_free(a, _OpenFree(t, rec[CLOCK], h.tid, f))
 
     # ---- graphs -------------------------------------------------------------------------------
 
@@ -734,7 +815,7 @@ class Checker:
             for st, inp in old.inputs.items():
                 lst = self._readers.get(st)
                 if lst:
-                    lst[:] = [x for x in lst if x[1] is not inp]
+                    lst[:] = [(g2, x) for g2, x in lst if x is not inp]
         gr = _Graph(g, list(ev.ops), seq)
         for idx, op in enumerate(gr.ops):
             for fp in op.reads:
@@ -758,7 +839,7 @@ class Checker:
             if sh is not None:
                 sh.readers = lst
         self._graphs[g] = gr
-        h.ctx.append((seq, "capture", f"capture graph {g} ({len(gr.ops)} ops)", None, -1))
+        h.ctx.append(_new(_Ctx, (seq, "capture", f"capture graph {g} ({len(gr.ops)} ops)", None, -1)))
 
     def _on_replay(self, ev, seq):
         s = self._launch(ev)
@@ -769,7 +850,7 @@ class Checker:
         c = vc[tid] + 1
         vc[tid] = c
         g = ev.graph
-        s.ctx.append((seq, "replay", f"replay graph {g}", None, -1))
+        s.ctx.append(_new(_Ctx, (seq, "replay", f"replay graph {g}", None, -1)))
         gr = self._graphs.get(g)
         if gr is None:
             return
@@ -784,7 +865,7 @@ class Checker:
         gr.nreplays += 1
         if gr.first_replay is None:
             gr.first_replay = seq
-        gr.last_replay = (seq, tid, ev)
+        gr.last_replay = _new(_Replay, (seq, tid, ev))
 
     def _check_rc006(self, gr, ev, seq, s):
         for st, inp in gr.inputs.items():
@@ -843,13 +924,13 @@ class Checker:
         if sh is None:
             return False
         for st in sh.states:
-            if st is not None and st[0] is not None and st[0][R_SEQ] > seq:
+            if st is not None and st[0] is not None and st[0][SEQ] > seq:
                 return True
         return False
 
     def _storage_label(self, storage) -> str:
         nm = self._name_for(storage, 0, 1 << 62)
-        return f"`{nm[2]}`" if nm is not None else f"storage #{storage}"
+        return f"`{nm.name}`" if nm is not None else f"storage #{storage}"
 
     def _report_rc006(self, gr, inp, stale, fresh, ev, seq, s, reader=None, why=""):
         g = gr.gid
@@ -866,23 +947,23 @@ class Checker:
         cur = self._access((s.tid, 0, seq, ev, cop, False, g), "read")
         prev = None
         prev_tid = s.tid
-        prev_seq = gr.last_replay[0] if gr.last_replay else seq
+        prev_seq = gr.last_replay.seq if gr.last_replay else seq
         sh = self._shadow.get(st)
         if sh is not None:
             k = sh.find(stale[0][0])
             if k >= 0 and sh.states[k] is not None:
                 w = sh.states[k][0]
-                if w is not None and w[R_GRAPH] != g:
+                if w is not None and w[GRAPH] != g:
                     prev = self._access(w, "write")
-                    prev_tid, prev_seq = w[R_TL], w[R_SEQ]
+                    prev_tid, prev_seq = w[TL], w[SEQ]
         if prev is None and gr.last_replay is not None:
-            lseq, ltid, lev = gr.last_replay
+            lseq, ltid, lev = gr.last_replay      # a _Replay
             loc, fn, frames = _fmt_stack(lev.stack)
             prev = Access(op=f"replay of graph {g}", stream=self.timeline_name(ltid),
                           kind="replay", location=loc, function=fn, stack=frames, seq=lseq)
             prev_tid, prev_seq = ltid, lseq
         rows = self._units(stale, nm, st)
-        unit = "rows" if nm is not None and nm[3] else ("elements" if nm is not None else "bytes")
+        unit = "rows" if nm is not None and nm.row_bytes else ("elements" if nm is not None else "bytes")
         detail = (f"{unit} {rows} of {tensor} were last written before the previous replay of "
                   f"graph {g}; since then only {self._units(fresh, nm, st)} were rewritten, so "
                   f"this replay reads stale values there ({where}){why}")
@@ -901,9 +982,9 @@ class Checker:
         if lst is None:
             lst = self._names[ev.storage] = []
         self._name_order += 1
-        entry = [ev.lo, ev.hi, ev.name, ev.row_bytes or 0, ev.itemsize or 1, self._name_order]
+        entry = _Name(ev.lo, ev.hi, ev.name, ev.row_bytes or 0, ev.itemsize or 1, self._name_order)
         for i, e in enumerate(lst):
-            if e[0] == ev.lo and e[1] == ev.hi:
+            if e.lo == ev.lo and e.hi == ev.hi:
                 lst[i] = entry
                 break
         else:
@@ -926,8 +1007,8 @@ class Checker:
         """The most specific (smallest, then latest) named range overlapping [lo, hi)."""
         best = None
         for e in self._names.get(storage, ()):
-            if e[0] < hi and lo < e[1]:
-                if best is None or (e[1] - e[0], -e[5]) < (best[1] - best[0], -best[5]):
+            if e.lo < hi and lo < e.hi:
+                if best is None or (e.hi - e.lo, -e.order) < (best.hi - best.lo, -best.order):
                     best = e
         return best
 
@@ -935,11 +1016,11 @@ class Checker:
         parts = []
         for lo, hi in ranges:
             if nm is not None:
-                a, b = max(lo, nm[0]), min(hi, nm[1])
+                a, b = max(lo, nm.lo), min(hi, nm.hi)
                 if a >= b:
                     a, b = lo, hi
-                size = nm[3] or nm[4] or 1
-                parts.append(_span_text((a - nm[0]) // size, (b - 1 - nm[0]) // size))
+                size = nm.row_bytes or nm.itemsize or 1
+                parts.append(_span_text((a - nm.lo) // size, (b - 1 - nm.lo) // size))
             else:
                 parts.append(_span_text(lo, hi - 1))
         return ", ".join(parts)
@@ -956,25 +1037,25 @@ class Checker:
         if nm is None:
             site = self._sites.get(storage)
             if site is not None:
-                op, top = site
+                op, top = site      # a _Site
                 loc = _fmt_stack(top)[0] if top else ""
                 tensor = f"unnamed tensor (first used by {op}{' at ' + loc if loc else ''}; bytes {lo}..{hi - 1})"
             else:
                 tensor = f"unnamed tensor (bytes {lo}..{hi - 1})"
             return tensor, f"bytes {byte_text} of storage #{storage}", None
-        unit = "rows" if nm[3] else "elements"
-        where = f"{unit} {self._units(ranges, nm, storage)} of `{nm[2]}` (bytes {byte_text} of storage #{storage})"
-        return nm[2], where, nm
+        unit = "rows" if nm.row_bytes else "elements"
+        where = f"{unit} {self._units(ranges, nm, storage)} of `{nm.name}` (bytes {byte_text} of storage #{storage})"
+        return nm.name, where, nm
 
     # ---- findings -----------------------------------------------------------------------------
 
     def _race(self, prev, cur, pw, cw, fp, sh, lo, hi):
         """An unordered conflicting pair on [lo, hi) of sh's storage: note it for this event."""
-        if prev[R_HOST]:
-            if cur[R_HOST]:
+        if prev[HOST]:
+            if cur[HOST]:
                 return                      # host vs host: not our business
             rule = "RC004"
-        elif cur[R_HOST]:
+        elif cur[HOST]:
             rule = "RC004"
         elif not cw:
             rule = "RC001"
@@ -989,9 +1070,9 @@ class Checker:
         # position): a replay with seq >= born ran after the view was taken, one with seq < born
         # before it.
         born = fp.born
-        if w[R_SEQ] < born:
+        if w[SEQ] < born:
             return
-        gr = self._graphs.get(w[R_GRAPH])
+        gr = self._graphs.get(w[GRAPH])
         if gr is None or gr.first_replay is None or gr.first_replay >= born:
             return
         self._note("RC007", ("rc007", id(w), sh.storage), w, cur, True, False, fp, sh, lo, hi)
@@ -999,11 +1080,11 @@ class Checker:
     def _note(self, rule, key, prev, cur, pw, cw, fp, sh, lo, hi):
         pend = self._pend
         ent = pend.get(key)
-        if ent is not None and ent[0] != rule:
+        if ent is not None and ent.rule != rule:
             # the same previous access already races with this op under another rule (an
             # in-place op reads then writes): report the first rule only
             return
-        tl = self._tl.get(cur[R_TL])
+        tl = self._tl.get(cur[TL])
         qk = (rule, lo, hi, _site(cur), _site(prev), len(self._names.get(sh.storage, ())),
               len(tl.noop) if tl is not None and tl.noop else 0)
         seen = sh.seen
@@ -1013,9 +1094,9 @@ class Checker:
         if new:
             seen.add(qk)
         if ent is None:
-            pend[key] = [rule, prev, cur, pw, cw, fp, [(lo, hi)] if new else [], sh]
+            pend[key] = _new(_Noted, (rule, prev, cur, pw, cw, fp, [(lo, hi)] if new else [], sh))
         elif new:
-            ent[6].append((lo, hi))
+            ent.segs.append((lo, hi))
 
     def _flush(self):
         pend = self._pend
@@ -1027,7 +1108,7 @@ class Checker:
             groups = {}
             for lo, hi in segs:
                 nm = self._name_for(sh.storage, lo, hi)
-                k = nm[5] if nm is not None else None
+                k = nm.order if nm is not None else None
                 groups.setdefault(k, []).append((lo, hi))
             for ranges in groups.values():
                 ranges = iv_normalize(ranges)
@@ -1042,10 +1123,10 @@ class Checker:
         c = self._access(cur, "write" if cw else "read")
         if rule == "RC004":
             suggestion = self._suggest_rc004(p, c, prev, cur, tensor)
-            detail = (f"{where}: the host {'read' if not (cw if cur[R_HOST] else pw) else 'write'} "
-                      f"on `{(c if cur[R_HOST] else p).stream}` is not ordered with the device "
-                      f"{(p if cur[R_HOST] else c).kind} by `{(p if cur[R_HOST] else c).op}` on "
-                      f"`{(p if cur[R_HOST] else c).stream}` (no synchronize on the copy's "
+            detail = (f"{where}: the host {'read' if not (cw if cur[HOST] else pw) else 'write'} "
+                      f"on `{(c if cur[HOST] else p).stream}` is not ordered with the device "
+                      f"{(p if cur[HOST] else c).kind} by `{(p if cur[HOST] else c).op}` on "
+                      f"`{(p if cur[HOST] else c).stream}` (no synchronize on the copy's "
                       f"stream or event in between)")
         else:
             suggestion = (f"record an event on `{p.stream}` after `{p.function or p.op}` and make "
@@ -1058,13 +1139,13 @@ class Checker:
             detail += f"; footprint approximate ({approx}): the access may touch fewer bytes"
         f = Finding(rule=rule, tensor=tensor, current=c, previous=p, suggestion=suggestion,
                     detail=detail, approx=approx,
-                    context=self._context((prev[R_TL], cur[R_TL]), prev[R_SEQ], cur[R_SEQ]),
+                    context=self._context((prev[TL], cur[TL]), prev[SEQ], cur[SEQ]),
                     missing_edge=(p.stream, c.stream))
         self.finding_set.add(f)
         self._check_rc008(prev, cur, tensor, rule)
 
     def _suggest_rc004(self, p, c, prev, cur, tensor):
-        if cur[R_HOST]:
+        if cur[HOST]:
             if c.kind == "read":
                 return (f"synchronize on the copy (record an event after it on `{p.stream}` and "
                         f"call event.synchronize()) before reading `{tensor}` on the host")
@@ -1078,35 +1159,35 @@ class Checker:
         tensor, where, _nm = self._describe(storage, ranges)
         p = self._access(w, "write")
         c = self._access(cur, "read")
-        g = w[R_GRAPH]
+        g = w[GRAPH]
         f = Finding(
             rule="RC007", tensor=tensor, current=c, previous=p,
             suggestion="consume or .clone() the output before the next replay of the graph",
-            detail=(f"{where} was overwritten by a later replay of graph {g} (seq {w[R_SEQ]}) after "
+            detail=(f"{where} was overwritten by a later replay of graph {g} (seq {w[SEQ]}) after "
                     f"the view read here was taken (seq {fp.born}): it now holds that replay's "
                     f"output, not the one the view was taken for"),
             approx=fp.approx or "",
-            context=self._context((w[R_TL], cur[R_TL]), w[R_SEQ], cur[R_SEQ]),
+            context=self._context((w[TL], cur[TL]), w[SEQ], cur[SEQ]),
             missing_edge=(p.stream, c.stream))
         self.finding_set.add(f)
 
     def _check_rc008(self, prev, cur, tensor, rule):
-        b = self._tl.get(cur[R_TL])
+        b = self._tl.get(cur[TL])
         if b is None or not b.noop:
             return
-        a_tid = prev[R_TL]
-        for event, (wseq, wstack, host) in list(b.noop.items()):
+        a_tid = prev[TL]
+        for event, (wseq, wstack, host) in list(b.noop.items()):    # _NoopWait
             r = self._records.get(event)
-            if r is None or r[0] != a_tid or r[1].get(a_tid, 0) < prev[R_CLOCK]:
+            if r is None or r.tl != a_tid or r.vc.get(a_tid, 0) < prev[CLOCK]:
                 continue
             a_name = self.timeline_name(a_tid)
             b_name = self.timeline_name(b.tid)
             wloc, wfn, wframes = _fmt_stack(wstack)
-            rloc, rfn, rframes = _fmt_stack(r[3])
+            rloc, rfn, rframes = _fmt_stack(r.stack)
             cur_acc = Access(op="event.synchronize" if host else "wait_event", stream=b_name,
                              kind="wait", location=wloc, function=wfn, stack=wframes, seq=wseq)
             prev_acc = Access(op="record", stream=a_name, kind="record", location=rloc,
-                              function=rfn, stack=rframes, seq=r[2])
+                              function=rfn, stack=rframes, seq=r.seq)
             how = (f"event #{event}.synchronize()" if host else f"`{b_name}`.wait_event(#{event})")
             f = Finding(
                 rule="RC008", tensor=tensor, current=cur_acc, previous=prev_acc,
@@ -1117,15 +1198,15 @@ class Checker:
                 detail=(f"{how} ran before event #{event} was ever recorded, so it was a no-op; the "
                         f"later record on `{a_name}` covers the access {rule} reports on "
                         f"`{tensor}`, so the wait was meant to order it"),
-                context=self._context((a_tid, b.tid), min(wseq, prev[R_SEQ]), cur[R_SEQ]),
+                context=self._context((a_tid, b.tid), min(wseq, prev[SEQ]), cur[SEQ]),
                 missing_edge=(a_name, b_name))
             self.finding_set.add(f)
 
     def _access(self, rec, kind) -> Access:
-        ev = rec[R_EV]
-        sub = rec[R_SUB]
+        ev = rec[EV]
+        sub = rec[SUB]
         if sub is not None:
-            op = f"{sub.op} (replay of graph {rec[R_GRAPH]})"
+            op = f"{sub.op} (replay of graph {rec[GRAPH]})"
             outer, inner = tuple(ev.stack or ()), tuple(sub.stack or ())
             if len(outer) + len(inner) > MAX_STACK:      # keep some of both
                 keep = min(len(inner), MAX_STACK // 2)
@@ -1135,8 +1216,8 @@ class Checker:
             op = getattr(ev, "op", "") or type(ev).kind
             stack = ev.stack or ()
         loc, fn, frames = _fmt_stack(stack)
-        return Access(op=op, stream=self.timeline_name(rec[R_TL]), kind=kind, location=loc,
-                      function=fn, stack=frames, seq=rec[R_SEQ])
+        return Access(op=op, stream=self.timeline_name(rec[TL]), kind=kind, location=loc,
+                      function=fn, stack=frames, seq=rec[SEQ])
 
     @staticmethod
     def _fp_approx_in(obj, storage):
@@ -1153,8 +1234,8 @@ class Checker:
         return None
 
     def _approx(self, rec, storage):
-        sub = rec[R_SUB]
-        return self._fp_approx_in(sub if sub is not None else rec[R_EV], storage)
+        sub = rec[SUB]
+        return self._fp_approx_in(sub if sub is not None else rec[EV], storage)
 
     def _context(self, tids, start_seq, end_seq) -> tuple:
         """Recent events on the involved timelines (and sync edges into them), oldest first."""
@@ -1170,9 +1251,9 @@ class Checker:
                 continue
             before = []
             for e in tl.ctx:
-                if len(e) != 5:
+                if type(e) is not _Ctx:
                     e = _ctx_entry(e)
-                s = e[0]
+                s = e.seq
                 if s > end_seq:
                     break
                 if s < start_seq:
@@ -1184,20 +1265,20 @@ class Checker:
             if tl.tid in tset:
                 continue
             for e in tl.ctx:
-                if len(e) != 5:
+                if type(e) is not _Ctx:
                     continue            # a kernel or a free: no peer
-                if start_seq <= e[0] <= end_seq and e[3] in tset:
+                if start_seq <= e.seq <= end_seq and e.peer in tset:
                     items.append((e, tl.tid))
-        items.sort(key=lambda x: x[0][0])
+        items.sort(key=lambda x: x[0].seq)
         if len(items) > CONTEXT_CAP:
-            pre = [x for x in items if x[0][0] < start_seq]
-            mid = [x for x in items if x[0][0] >= start_seq]
+            pre = [x for x in items if x[0].seq < start_seq]
+            mid = [x for x in items if x[0].seq >= start_seq]
             room = CONTEXT_CAP - len(pre)
             if len(mid) > room:
                 head = room // 3
                 mid = mid[:head] + mid[len(mid) - (room - head):]
             items = pre + mid
         name = self.timeline_name
-        return tuple(ContextEvent(seq=e[0], timeline=name(t), kind=e[1], label=e[2],
-                                  peer=name(e[3]) if e[3] is not None else "", edge=e[4])
+        return tuple(ContextEvent(seq=e.seq, timeline=name(t), kind=e.kind, label=e.label,
+                                  peer=name(e.peer) if e.peer is not None else "", edge=e.edge)
                      for e, t in items)
