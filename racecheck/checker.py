@@ -66,7 +66,7 @@ from dataclasses import replace
 from typing import NamedTuple
 
 from .clocks import join
-from .findings import Access, ContextEvent, Finding, FindingSet
+from .findings import Access, ContextEvent, FindingSet, Place, Race, describe
 from .shadow import (StorageShadow, iv_add, iv_intersect, iv_normalize, iv_subtract,
                      iv_union)
 from .trace import (frame_info, Alloc, Copy, EventRecord, Free, GraphCapture, GraphReplay, HostAccess,
@@ -189,7 +189,7 @@ class _OpenFree(NamedTuple):
     tid: int
     clock: int
     host: int
-    finding: Finding
+    race: Race
 
 
 class _StaleIndex(NamedTuple):
@@ -197,7 +197,7 @@ class _StaleIndex(NamedTuple):
 
     into: int
     captured: int
-    finding: Finding
+    finding: object   # the Finding
 
 
 class _GraphInput:
@@ -735,12 +735,9 @@ class Checker:
         vc = a.vc
         for hz in a.frees:
             if hz.clock > vc.get(hz.tid, 0):
-                f = hz.finding
                 loc = _fmt_stack(ev.stack)[0] if ev.stack else ""
                 what = getattr(ev, "op", None) or f"replay of graph {getattr(ev, 'graph', '?')}"
-                self.finding_set.add(replace(f, detail=(
-                    f"{f.detail}; `{f.current.stream}` then issued `{what}`"
-                    f"{' at ' + loc if loc else ''} before waiting for `{f.previous.stream}`")))
+                self.finding_set.add(describe(replace(hz.race, reuse=(what, loc))))
         a.frees = None
         self._frees_open = [(b, hz) for b, hz in self._frees_open if b is not a]
 
@@ -754,9 +751,7 @@ class Checker:
             h = tls.get(hz.host)
             if h is not None and hz.clock <= h.vc.get(hz.tid, 0):
                 continue
-            f = hz.finding
-            yield replace(f, detail=f"{f.detail}; the trace ends with `{f.current.stream}` "
-                                    f"still not ordered after it")
+            yield describe(replace(hz.race, trace_end=True))
 
     def _check_rc005(self, ev, seq, h, blk, a_tid, sh, rs):
         a = self._tl.get(a_tid)
@@ -786,24 +781,14 @@ class Checker:
                         latest, lkind = rec, kind
                     found[t] = (latest, lkind, iv_add(ranges, lo, hi))
         for t, (rec, kind, ranges) in sorted(found.items(), key=lambda x: x[1][0][SEQ]):
-            tensor, where, _nm = self._describe(blk, ranges)
-            prev = self._access(rec, kind)
+            place, _nm = self._describe(blk, ranges)
             loc, fn, frames = _fmt_stack(ev.stack)
-            a_name = self.timeline_name(a_tid)
-            other = self.timeline_name(t)
-            cur = Access(op="free", stream=a_name, kind="free", location=loc, function=fn,
-                         stack=frames, seq=seq)
-            f = Finding(
-                rule="RC005", tensor=tensor, current=cur, previous=prev,
-                suggestion=(f"call `{tensor}.record_stream({other})` before freeing it, or keep a "
-                            f"reference until `{other}`'s work completes"),
-                detail=(f"{where} freed by `{self.timeline_name(h.tid)}` back to `{a_name}`'s pool "
-                        f"while the {kind} by `{prev.op}` on `{other}` is not ordered before "
-                        f"the free; a new allocation on `{a_name}` may reuse the bytes under it"),
-                approx=self._approx(rec, blk) or "",
-                context=self._context((t, a_tid, h.tid), rec[SEQ], seq),
-                missing_edge=(other, a_name))
-            self._open_free(a, _OpenFree(t, rec[CLOCK], h.tid, f))
+            free = Access(op="free", stream=self.timeline_name(a_tid), kind="free", location=loc,
+                          function=fn, stack=frames, seq=seq)
+            race = Race("RC005", place, free, self._access(rec, kind),
+                        context=self._context((t, a_tid, h.tid), rec[SEQ], seq),
+                        approx=self._approx(rec, blk) or "", freer=self.timeline_name(h.tid))
+            self._open_free(a, _OpenFree(t, rec[CLOCK], h.tid, race))
 
     # ---- graphs -------------------------------------------------------------------------------
 
@@ -879,7 +864,7 @@ class Checker:
                     self._stale_indices(gr, inp, iv_intersect(stale, tol), fresh, ev, seq, s)
                     stale = iv_subtract(stale, tol)
                 if stale:
-                    self.finding_set.add(self._report_rc006(gr, inp, stale, fresh, ev, seq, s))
+                    self.finding_set.add(describe(self._report_rc006(gr, inp, stale, fresh, ev, seq, s)))
             inp.ever = iv_union(inp.ever, fresh)
             inp.fresh = []
 
@@ -896,12 +881,9 @@ class Checker:
                 used = iv_intersect(iv_normalize(fp.ranges), stale)
                 if not used:
                     continue
-                target = self._storage_label(into)
-                f = self._report_rc006(gr, inp, used, fresh, ev, seq, s, reader=gr.ops[idx],
-                                       why=(f"; they are declared stale-tolerant, but "
-                                            f"`{gr.ops[idx].op}` uses them as indices into "
-                                            f"{target}, which the run writes after the graph's "
-                                            f"capture"))
+                f = describe(self._report_rc006(
+                    gr, inp, used, fresh, ev, seq, s, reader=gr.ops[idx],
+                    index_use=(gr.ops[idx].op, self._storage_label(into))))
                 hz = _StaleIndex(into, gr.captured, f)
                 if self._mutated_since(into, gr.captured):
                     self.finding_set.add(f)
@@ -932,10 +914,10 @@ class Checker:
         nm = self._name_for(storage, 0, 1 << 62)
         return f"`{nm.name}`" if nm is not None else f"storage #{storage}"
 
-    def _report_rc006(self, gr, inp, stale, fresh, ev, seq, s, reader=None, why=""):
+    def _report_rc006(self, gr, inp, stale, fresh, ev, seq, s, reader=None, index_use=()):
         g = gr.gid
         st = inp.storage
-        tensor, where, nm = self._describe(st, stale)
+        place, nm = self._describe(st, stale)
         # the captured op reading the stale bytes
         cop = reader or gr.ops[inp.ops[0]]
         for idx in (() if reader is not None else inp.ops):
@@ -962,17 +944,9 @@ class Checker:
             prev = Access(op=f"replay of graph {g}", stream=self.timeline_name(ltid),
                           kind="replay", location=loc, function=fn, stack=frames, seq=lseq)
             prev_tid, prev_seq = ltid, lseq
-        rows = self._units(stale, nm, st)
-        unit = "rows" if nm is not None and nm.row_bytes else ("elements" if nm is not None else "bytes")
-        detail = (f"{unit} {rows} of {tensor} were last written before the previous replay of "
-                  f"graph {g}; since then only {self._units(fresh, nm, st)} were rewritten, so "
-                  f"this replay reads stale values there ({where}){why}")
-        return Finding(
-            rule="RC006", tensor=tensor, current=cur, previous=prev,
-            suggestion=f"rewrite (e.g. zero) the padded {unit} {rows} of `{tensor}` before each replay",
-            detail=detail, approx=self._fp_approx_in(cop, st) or "",
-            context=self._context((prev_tid, s.tid), prev_seq, seq),
-            missing_edge=(prev.stream, cur.stream))
+        return Race("RC006", place, cur, prev, context=self._context((prev_tid, s.tid), prev_seq, seq),
+                    approx=self._fp_approx_in(cop, st) or "", graph=g,
+                    fresh=self._units(fresh, nm, st), index_use=index_use)
 
     # ---- names --------------------------------------------------------------------------------
 
@@ -1026,7 +1000,7 @@ class Checker:
         return ", ".join(parts)
 
     def _describe(self, storage, ranges):
-        """(tensor name, 'rows 3..7 of `x` (bytes 24..63 of storage #5)', name entry)."""
+        """(Place of the ranges, name entry or None)."""
         lo, hi = ranges[0][0], ranges[-1][1]
         nm = self._name_for(storage, lo, hi)
         byte_text = ", ".join(_span_text(a, b - 1) for a, b in ranges)
@@ -1042,10 +1016,9 @@ class Checker:
                 tensor = f"unnamed tensor (first used by {op}{' at ' + loc if loc else ''}; bytes {lo}..{hi - 1})"
             else:
                 tensor = f"unnamed tensor (bytes {lo}..{hi - 1})"
-            return tensor, f"bytes {byte_text} of storage #{storage}", None
+            return Place(tensor, storage, "bytes", byte_text, byte_text, False), None
         unit = "rows" if nm.row_bytes else "elements"
-        where = f"{unit} {self._units(ranges, nm, storage)} of `{nm.name}` (bytes {byte_text} of storage #{storage})"
-        return nm.name, where, nm
+        return Place(nm.name, storage, unit, self._units(ranges, nm, storage), byte_text, True), nm
 
     # ---- findings -----------------------------------------------------------------------------
 
@@ -1118,60 +1091,22 @@ class Checker:
                     self._report_race(rule, prev, cur, pw, cw, fp, sh.storage, ranges)
 
     def _report_race(self, rule, prev, cur, pw, cw, fp, storage, ranges):
-        tensor, where, _nm = self._describe(storage, ranges)
-        p = self._access(prev, "write" if pw else "read")
-        c = self._access(cur, "write" if cw else "read")
-        if rule == "RC004":
-            suggestion = self._suggest_rc004(p, c, prev, cur, tensor)
-            detail = (f"{where}: the host {'read' if not (cw if cur[HOST] else pw) else 'write'} "
-                      f"on `{(c if cur[HOST] else p).stream}` is not ordered with the device "
-                      f"{(p if cur[HOST] else c).kind} by `{(p if cur[HOST] else c).op}` on "
-                      f"`{(p if cur[HOST] else c).stream}` (no synchronize on the copy's "
-                      f"stream or event in between)")
-        else:
-            suggestion = (f"record an event on `{p.stream}` after `{p.function or p.op}` and make "
-                          f"`{c.stream}` wait on it before `{c.function or c.op}` "
-                          f"({c.stream}.wait_event(e)), or {c.stream}.wait_stream({p.stream})")
-            detail = (f"{where}: the {c.kind} on `{c.stream}` is not ordered after the {p.kind} "
-                      f"on `{p.stream}` (no event wait, stream wait or host sync between them)")
-        approx = fp.approx or self._approx(prev, storage) or ""
-        if approx:
-            detail += f"; footprint approximate ({approx}): the access may touch fewer bytes"
-        f = Finding(rule=rule, tensor=tensor, current=c, previous=p, suggestion=suggestion,
-                    detail=detail, approx=approx,
+        place, _nm = self._describe(storage, ranges)
+        race = Race(rule, place, self._access(cur, "write" if cw else "read"),
+                    self._access(prev, "write" if pw else "read"),
                     context=self._context((prev[TL], cur[TL]), prev[SEQ], cur[SEQ]),
-                    missing_edge=(p.stream, c.stream))
-        self.finding_set.add(f)
-        self._check_rc008(prev, cur, tensor, rule)
-
-    def _suggest_rc004(self, p, c, prev, cur, tensor):
-        if cur[HOST]:
-            if c.kind == "read":
-                return (f"synchronize on the copy (record an event after it on `{p.stream}` and "
-                        f"call event.synchronize()) before reading `{tensor}` on the host")
-            return (f"wait for the copy (event.synchronize()) before overwriting `{tensor}` on "
-                    f"the host, or copy from a separate buffer")
-        return (f"order the host {p.kind} of `{tensor}` on `{p.stream}` before `{c.function or c.op}` "
-                f"is issued on `{c.stream}` (join or signal the host thread `{p.stream}` before "
-                f"issuing it, or issue it from `{p.stream}`)")
+                    approx=fp.approx or self._approx(prev, storage) or "", host_current=cur[HOST])
+        self.finding_set.add(describe(race))
+        self._check_rc008(prev, cur, place, rule)
 
     def _report_rc007(self, w, cur, fp, storage, ranges):
-        tensor, where, _nm = self._describe(storage, ranges)
-        p = self._access(w, "write")
-        c = self._access(cur, "read")
-        g = w[GRAPH]
-        f = Finding(
-            rule="RC007", tensor=tensor, current=c, previous=p,
-            suggestion="consume or .clone() the output before the next replay of the graph",
-            detail=(f"{where} was overwritten by a later replay of graph {g} (seq {w[SEQ]}) after "
-                    f"the view read here was taken (seq {fp.born}): it now holds that replay's "
-                    f"output, not the one the view was taken for"),
-            approx=fp.approx or "",
-            context=self._context((w[TL], cur[TL]), w[SEQ], cur[SEQ]),
-            missing_edge=(p.stream, c.stream))
-        self.finding_set.add(f)
+        place, _nm = self._describe(storage, ranges)
+        race = Race("RC007", place, self._access(cur, "read"), self._access(w, "write"),
+                    context=self._context((w[TL], cur[TL]), w[SEQ], cur[SEQ]),
+                    approx=fp.approx or "", graph=w[GRAPH], overwritten_at=w[SEQ], born=fp.born)
+        self.finding_set.add(describe(race))
 
-    def _check_rc008(self, prev, cur, tensor, rule):
+    def _check_rc008(self, prev, cur, place, rule):
         b = self._tl.get(cur[TL])
         if b is None or not b.noop:
             return
@@ -1184,23 +1119,14 @@ class Checker:
             b_name = self.timeline_name(b.tid)
             wloc, wfn, wframes = _fmt_stack(wstack)
             rloc, rfn, rframes = _fmt_stack(r.stack)
-            cur_acc = Access(op="event.synchronize" if host else "wait_event", stream=b_name,
-                             kind="wait", location=wloc, function=wfn, stack=wframes, seq=wseq)
-            prev_acc = Access(op="record", stream=a_name, kind="record", location=rloc,
-                              function=rfn, stack=rframes, seq=r.seq)
-            how = (f"event #{event}.synchronize()" if host else f"`{b_name}`.wait_event(#{event})")
-            f = Finding(
-                rule="RC008", tensor=tensor, current=cur_acc, previous=prev_acc,
-                suggestion=(f"record event #{event} before waiting on it (move the wait"
-                            f"{' at ' + wloc if wloc else ''} after `e.record({a_name})`"
-                            f"{' at ' + rloc if rloc else ''}): a wait on an event that was "
-                            f"never recorded does nothing"),
-                detail=(f"{how} ran before event #{event} was ever recorded, so it was a no-op; the "
-                        f"later record on `{a_name}` covers the access {rule} reports on "
-                        f"`{tensor}`, so the wait was meant to order it"),
-                context=self._context((a_tid, b.tid), min(wseq, prev[SEQ]), cur[SEQ]),
-                missing_edge=(a_name, b_name))
-            self.finding_set.add(f)
+            wait = Access(op="event.synchronize" if host else "wait_event", stream=b_name,
+                          kind="wait", location=wloc, function=wfn, stack=wframes, seq=wseq)
+            record = Access(op="record", stream=a_name, kind="record", location=rloc,
+                            function=rfn, stack=rframes, seq=r.seq)
+            race = Race("RC008", place, wait, record,
+                        context=self._context((a_tid, b.tid), min(wseq, prev[SEQ]), cur[SEQ]),
+                        event=event, host_wait=host, related=rule)
+            self.finding_set.add(describe(race))
 
     def _access(self, rec, kind) -> Access:
         ev = rec[EV]

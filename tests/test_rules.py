@@ -50,3 +50,25 @@ def test_no_rule_prose_outside_the_rules_module():
             for r in rules.RULES.values():
                 assert r.help[:60] not in src, (os.fspath(path), r.id)
                 assert r.description[:60] not in src, (os.fspath(path), r.id)
+
+
+def test_the_checker_emits_structure_and_the_findings_layer_writes_the_prose():
+    from racecheck.findings import Place, Race, describe
+    src = (ROOT / "racecheck" / "checker.py").read_text()
+    for phrase in ("record an event on", ".record_stream({", "rewrite (e.g. zero)", ".clone()",
+                   "is not ordered after the", "never recorded does nothing"):
+        assert phrase not in src, phrase
+    place = Place("seq_lens", 5, "rows", "3..7", "24..63", True)
+    w = Access(op="fill_", stream="plan_stream", kind="write", location="m.py:3", function="plan")
+    r = Access(op="mul", stream="default", kind="read", location="m.py:9", function="use")
+    f = describe(Race("RC001", place, r, w, approx="strided view"))
+    assert f.tensor == "seq_lens" and f.missing_edge == ("plan_stream", "default")
+    assert f.suggestion.startswith("record an event on `plan_stream` after `plan`")
+    assert f.detail.startswith("rows 3..7 of `seq_lens` (bytes 24..63 of storage #5): the read")
+    assert "footprint approximate (strided view)" in f.detail
+    free = Access(op="free", stream="default", kind="free", location="m.py:12")
+    f5 = describe(Race("RC005", place, free, r, freer="host", reuse=("add_", "m.py:13")))
+    assert "`default` then issued `add_` at m.py:13 before waiting for `default`" in f5.detail
+    assert "footprint approximate" not in describe(Race("RC005", place, free, r, approx="x")).detail
+    unnamed = Place("unnamed tensor (bytes 0..7)", 9, "bytes", "0..7", "0..7", False)
+    assert unnamed.where() == "bytes 0..7 of storage #9"
