@@ -54,6 +54,10 @@ Choices where the rules leave room
 * HostSync(device, N) orders the streams named on device N and the streams of unknown device.
 * A host-side no-op wait (event.synchronize() before any record) is named `event.synchronize`
   in RC008 findings; a stream-side one `wait_event`.
+* RC008 comes with a race whose current side made a no-op wait meant to order the pair: on an
+  event recorded later on the previous access's stream, covering that access; or on an event
+  never recorded at all (a fresh Event, a stale handle), waited on after the previous access was
+  issued. The latter names the first event recorded on that stream after the access, if any.
 * Races already reported for the same segment and code sites are recognized cheaply before any
   Finding is built (racy loops cost little), per storage, dropped with the storage.
 """
@@ -1097,7 +1101,7 @@ class Checker:
                     context=self._context((prev[TL], cur[TL]), prev[SEQ], cur[SEQ]),
                     approx=fp.approx or self._approx(prev, storage) or "", host_current=cur[HOST])
         self.finding_set.add(describe(race))
-        self._check_rc008(prev, cur, place, rule)
+        self._check_rc008(prev, cur, race)
 
     def _report_rc007(self, w, cur, fp, storage, ranges):
         place, _nm = self._describe(storage, ranges)
@@ -1106,27 +1110,50 @@ class Checker:
                     approx=fp.approx or "", graph=w[GRAPH], overwritten_at=w[SEQ], born=fp.born)
         self.finding_set.add(describe(race))
 
-    def _check_rc008(self, prev, cur, place, rule):
+    def _check_rc008(self, prev, cur, race):
+        """No-op waits on the racing current side that were meant to order the pair: on an event
+        recorded only later (after the previous access), or on one never recorded at all (a
+        fresh Event, a stale handle) waited on after the previous access was issued."""
         b = self._tl.get(cur[TL])
         if b is None or not b.noop:
             return
         a_tid = prev[TL]
         for event, (wseq, wstack, host) in list(b.noop.items()):    # _NoopWait
             r = self._records.get(event)
-            if r is None or r.tl != a_tid or r.vc.get(a_tid, 0) < prev[CLOCK]:
-                continue
-            a_name = self.timeline_name(a_tid)
-            b_name = self.timeline_name(b.tid)
-            wloc, wfn, wframes = _fmt_stack(wstack)
+            if r is None:
+                if wseq > prev[SEQ]:
+                    self._report_rc008(prev, cur, race, event, wseq, wstack, host, None)
+            elif r.tl == a_tid and r.vc.get(a_tid, 0) >= prev[CLOCK]:
+                self._report_rc008(prev, cur, race, event, wseq, wstack, host, r)
+
+    def _report_rc008(self, prev, cur, race, event, wseq, wstack, host, r):
+        b_tid = cur[TL]
+        wloc, wfn, wframes = _fmt_stack(wstack)
+        wait = Access(op="event.synchronize" if host else "wait_event",
+                      stream=self.timeline_name(b_tid), kind="wait", location=wloc, function=wfn,
+                      stack=wframes, seq=wseq)
+        ctx = self._context((prev[TL], b_tid), min(wseq, prev[SEQ]), cur[SEQ])
+        if r is not None:
             rloc, rfn, rframes = _fmt_stack(r.stack)
-            wait = Access(op="event.synchronize" if host else "wait_event", stream=b_name,
-                          kind="wait", location=wloc, function=wfn, stack=wframes, seq=wseq)
-            record = Access(op="record", stream=a_name, kind="record", location=rloc,
-                            function=rfn, stack=rframes, seq=r.seq)
-            race = Race("RC008", place, wait, record,
-                        context=self._context((a_tid, b.tid), min(wseq, prev[SEQ]), cur[SEQ]),
-                        event=event, host_wait=host, related=rule)
-            self.finding_set.add(describe(race))
+            record = Access(op="record", stream=self.timeline_name(r.tl), kind="record",
+                            location=rloc, function=rfn, stack=rframes, seq=r.seq)
+            noop = Race("RC008", race.place, wait, record, context=ctx, event=event,
+                        host_wait=host, related=race.rule)
+        else:
+            noop = Race("RC008", race.place, wait, race.previous, context=ctx, event=event,
+                        host_wait=host, related=race.rule, never_recorded=True,
+                        instead=self._recorded_instead(prev, wseq))
+        self.finding_set.add(describe(noop))
+
+    def _recorded_instead(self, prev, before):
+        """The first event recorded on prev's stream after it (and before `before`), if any."""
+        a_tid, clock = prev[TL], prev[CLOCK]
+        best = None
+        for event, r in self._records.items():
+            if r.tl == a_tid and r.vc.get(a_tid, 0) >= clock and r.seq < before:
+                if best is None or r.seq < best[1]:
+                    best = (event, r.seq)
+        return best[0] if best is not None else None
 
     def _access(self, rec, kind) -> Access:
         ev = rec[EV]

@@ -440,6 +440,52 @@ def test_noop_wait_not_relied_on_gives_no_rc008():
     assert rules(tb2.findings()) == [("RC001", "x")]
 
 
+def test_rc008_wait_on_an_event_never_recorded():
+    tb = synced(TB(), (X, "x"))
+    tb.k(S, w=[fp(X)], op="fill_", fn="draft")
+    wait_seq = tb.wait(D, 9)                     # a fresh Event(): never recorded at all
+    tb.k(D, r=[fp(X)], w=[fp(Y)], op="mul", fn="verify")
+    fs = tb.findings()
+    assert rules(fs) == [("RC001", "x"), ("RC008", "x")]
+    f = fs[1]
+    assert f.current.op == "wait_event" and f.current.seq == wait_seq
+    assert f.previous.op == "fill_" and f.previous.stream == "s" and f.previous.kind == "write"
+    assert "event #9, which was never recorded" in f.detail and "RC001" in f.detail
+    assert "record event #9 on `s` after `draft` before waiting on it" in f.suggestion
+    assert f.missing_edge == ("s", "default")
+
+
+def test_rc008_names_the_event_recorded_instead():
+    tb = synced(TB(), (X, "x"))
+    tb.k(S, w=[fp(X)], op="fill_", fn="draft")
+    tb.record(4, S)                              # the producer swapped in a new event ...
+    tb.wait(D, 9)                                # ... the consumer kept the stale handle
+    tb.k(D, r=[fp(X)], w=[fp(Y)], op="mul")
+    fs = tb.findings()
+    assert rules(fs) == [("RC001", "x"), ("RC008", "x")]
+    assert "event #4 was recorded on `s` instead" in fs[1].detail
+    assert "wait on the event that is recorded (#4" in fs[1].suggestion
+
+
+def test_rc008_never_recorded_needs_the_wait_after_the_access_and_a_race():
+    tb = synced(TB(), (X, "x"))
+    tb.wait(D, 9)                                # before the write: could not have ordered it
+    tb.k(S, w=[fp(X)], op="fill_")
+    tb.k(D, r=[fp(X)], w=[fp(Y)], op="mul")
+    assert rules(tb.findings()) == [("RC001", "x")]
+    tb2 = synced(TB(), (X, "x"))
+    tb2.k(S, w=[fp(X)], op="fill_")
+    tb2.wait(D, 9)                               # a no-op wait, but the pair is ordered anyway
+    tb2.wait_stream(D, S)
+    tb2.k(D, r=[fp(X)], w=[fp(Y)], op="mul")
+    assert tb2.findings() == []
+    tb3 = synced(TB(), (X, "x"))
+    tb3.k(S, w=[fp(X)], op="fill_")
+    tb3.wait(S2, 9)                              # the no-op wait is on another stream
+    tb3.k(D, r=[fp(X)], w=[fp(Y)], op="mul")
+    assert rules(tb3.findings()) == [("RC001", "x")]
+
+
 def test_host_event_sync_before_record_rc008():
     tb = synced(TB(), (X, "x"))
     tb.tensor(HB, 32, "h", host=True)
