@@ -162,16 +162,6 @@ def iter_arg_tensors(oc: OpClass, args, kwargs):
                     yield role, x
 
 
-def arg_value(oc: OpClass, name: str, args, kwargs):
-    """The value passed for argument `name` (by position or keyword), or None."""
-    for i, n, kwarg_only, _role in oc.args:
-        if n == name:
-            if i < len(args) and not kwarg_only:
-                return args[i]
-            return kwargs.get(name) if kwargs else None
-    return None
-
-
 def iter_out_tensors(oc: OpClass, out):
     if isinstance(out, torch.Tensor):
         if oc.out_roles and oc.out_roles[0] == WRITE:

@@ -15,9 +15,12 @@ import torch
 
 from racecheck.trace import Footprint
 
+from .stacks import drop_site
+
 MAX_RUNS = 4096          # above this many runs a strided view is covered by its bounding interval
 MAX_INDEX_ELEMS = 1 << 20  # above this many touched positions an index op covers the whole view
 _CACHE_LIMIT = 8192
+_FREE_FRAMES = 4   # frames kept of where a storage died
 CACHE_ATTR = "_racecheck_fp"
 _tokens = itertools.count(1)
 
@@ -62,7 +65,9 @@ class StorageRegistry:
                 del by_cdata[key]
             cdata_of.pop(sid, None)
             host_sids.discard(sid)
-            dead.append((sid, ()))
+            # CPython runs this where the last reference went: the `del`, the rebinding, the
+            # return that dropped the tensor (RC005 names that line)
+            dead.append((sid, drop_site(_FREE_FRAMES)))
 
         self._by_cdata[key] = (sid, weakref.ref(st, _died), host)
         cdata_of[sid] = key

@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from racecheck.trace import CapturedOp, Copy, HostAccess, Kernel
 
 from . import stacks
-from .classify import META, READ_WRITE, WRITE, arg_value, classify, iter_out_tensors
+from .classify import META, READ_WRITE, WRITE, classify, iter_out_tensors
 from .footprints import CACHE_ATTR
 from .indexops import index_footprint
 from .kernels import declared_op
@@ -275,6 +275,8 @@ class Interceptor(TorchDispatchMode):
         pend = None
         nargs = len(args)
         capture = b.tls.capture     # an op cannot start or end a capture
+        irole = oc.index_role       # (index argument, indexed argument) of an index op
+        ix_at = into = None
         for i, name, kwarg_only, role in oc.args:
             v = args[i] if (i < nargs and not kwarg_only) else (kwargs.get(name) if kwargs else None)
             if v is None:
@@ -295,7 +297,7 @@ class Interceptor(TorchDispatchMode):
                 if first and index is not None:
                     if capture is None and self._queued:
                         # Queued execution: the index values are final only when the op runs.
-                        self.maker.registry.lookup(t)
+                        into = self.maker.registry.lookup(t)[0]
                         deferred = (role, len(writes) if role == WRITE else len(reads))
                         first = False
                         any_device = any_device or not self.maker.registry.is_host(t)
@@ -317,6 +319,11 @@ class Interceptor(TorchDispatchMode):
                     continue
                 if not f.host:
                     any_device = True
+                if irole is not None:
+                    if name == irole[1]:
+                        into = f.storage
+                    elif name == irole[0] and role != WRITE:
+                        ix_at = (ix_at or []) + [len(reads)]   # where its read goes next
                 if role == WRITE:
                     writes.append(f)
                 elif role == READ_WRITE:
@@ -324,8 +331,10 @@ class Interceptor(TorchDispatchMode):
                     writes.append(f)
                 else:
                     reads.append(f)
-        if oc.index_role is not None and reads:
-            self._mark_index_reads(oc, args, kwargs, reads)
+        if irole is not None and ix_at and into is not None:
+            for k in ix_at:
+                if reads[k].storage != into:
+                    reads[k] = reads[k].as_index_into(into)
         stack = stacks.capture()
         if place is HOST or (any_tensor and not any_device and place is not DEVICE):
             if deferred is not None:     # host memory only: runs now, its indices are final
@@ -374,21 +383,6 @@ class Interceptor(TorchDispatchMode):
         if oc.data_dependent or (oc.name == "_to_copy" and _blocking_transfer(kwargs, reads, writes)):
             self.backend.host_wait_stream(stream)
         return out
-
-    def _mark_index_reads(self, oc, args, kwargs, reads) -> None:
-        """Reads of the index argument become index-role reads into the indexed storage."""
-        index_name, target_name = oc.index_role
-        target = arg_value(oc, target_name, args, kwargs)
-        if not isinstance(target, torch.Tensor):
-            return
-        lookup = self.maker.registry.lookup
-        into = lookup(target)[0]
-        ix = arg_value(oc, index_name, args, kwargs)
-        ixs = [ix] if isinstance(ix, torch.Tensor) else [
-            x for x in (ix or ()) if isinstance(x, torch.Tensor)]
-        sids = {lookup(x)[0] for x in ixs if x.numel()} - {into}
-        if sids:
-            reads[:] = [f.as_index_into(into) if f.storage in sids else f for f in reads]
 
     # -- queued executors (sim's adversarial executor) ------------------------------------------
 

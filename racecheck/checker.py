@@ -129,16 +129,6 @@ class _Name(NamedTuple):
     order: int
 
 
-class _Alloc(NamedTuple):
-    stream: object
-    host: bool
-
-
-class _Site(NamedTuple):
-    op: str
-    top: tuple       # the op's innermost frame (formatted only for a finding)
-
-
 class _Replay(NamedTuple):
     seq: int
     tl: int
@@ -318,9 +308,9 @@ class Checker:
         self._names: dict = {}         # storage -> [_Name]
         self._name_order = 0
         self._records: dict = {}       # event -> _Recorded
-        self._allocs: dict = {}        # block -> _Alloc
+        self._allocs: dict = {}        # block -> (allocation stream, host): one per storage, unpacked
         self._unsited: list = []       # blocks allocated since the last op (their creator is next)
-        self._sites: dict = {}         # block -> _Site of the first op touching it
+        self._sites: dict = {}         # block -> (op, innermost frame) of the first op touching it
         self._recstreams: dict = {}    # block -> set of stream tids (membership only)
         self._graphs: dict = {}        # graph -> _Graph
         self._readers: dict = {}       # storage -> [(graph, _GraphInput)] shared with shadows
@@ -374,7 +364,7 @@ class Checker:
 
     def _assign_sites(self, event) -> None:
         """Unnamed storages are described by the first op that touched them (stable across runs)."""
-        site = _new(_Site, (event.op, event.stack[:1]))  # formatted only if a finding needs it
+        site = (event.op, event.stack[:1])  # formatted only if a finding needs it
         for b in self._unsited:
             self._sites[b] = site
         self._unsited.clear()
@@ -693,7 +683,7 @@ class Checker:
         if stream is not None and stream not in tls:
             self._new_stream(stream)
         blk = ev.block
-        self._allocs[blk] = _new(_Alloc, (stream, bool(ev.host)))
+        self._allocs[blk] = (stream, bool(ev.host))
         self._unsited.append(blk)
         self._shadow.pop(blk, None)
         if self._recstreams:
@@ -709,14 +699,13 @@ class Checker:
             h = self._new_host(ev.thread)
         blk = ev.block
         h.ctx.append(_new(_CtxFree, (seq, blk)))
-        info = self._allocs.pop(blk, None)
+        stream, host = self._allocs.pop(blk, None) or (None, True)
         if self._stale_open:
             self._settle_stale_indices(blk)
         sh = self._shadow.pop(blk, None)
         rs = (self._recstreams.pop(blk, None) or ()) if self._recstreams else ()
-        if sh is not None and info is not None and not info.host and info.stream is not None \
-                and not _only_on(sh, info.stream):
-            self._check_rc005(ev, seq, h, blk, info.stream, sh, rs)
+        if sh is not None and not host and stream is not None and not _only_on(sh, stream):
+            self._check_rc005(ev, seq, h, blk, stream, sh, rs)
         if self._names:
             self._names.pop(blk, None)
         if self._tolerant:
@@ -1015,7 +1004,7 @@ class Checker:
         if nm is None:
             site = self._sites.get(storage)
             if site is not None:
-                op, top = site      # a _Site
+                op, top = site
                 loc = _fmt_stack(top)[0] if top else ""
                 tensor = f"unnamed tensor (first used by {op}{' at ' + loc if loc else ''}; bytes {lo}..{hi - 1})"
             else:

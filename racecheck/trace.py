@@ -56,7 +56,7 @@ class Footprint:
     they select rows of, so that a stale index can be told from stale data (RC006).
     """
 
-    __slots__ = ("storage", "ranges", "host", "approx", "born", "index_into")
+    __slots__ = ("storage", "ranges", "host", "approx", "born", "index_into", "_as_index")
 
     def __init__(self, storage: int, ranges: Ranges, host: bool = False,
                  approx: str | None = None, born: int | None = None,
@@ -67,10 +67,16 @@ class Footprint:
         self.approx = approx
         self.born = born
         self.index_into = index_into
+        self._as_index = None
 
     def as_index_into(self, storage: int) -> "Footprint":
-        """This read in an index role into `storage` (a copy: footprints are cached per tensor)."""
-        return Footprint(self.storage, self.ranges, self.host, self.approx, self.born, storage)
+        """This read in an index role into `storage` (a copy, kept: footprints are cached per
+        tensor, and an index tensor is often used again the same way)."""
+        m = self._as_index
+        if m is None or m.index_into != storage:
+            m = self._as_index = Footprint(self.storage, self.ranges, self.host, self.approx,
+                                           self.born, storage)
+        return m
 
     def nbytes(self) -> int:
         return sum(hi - lo for lo, hi in self.ranges)
