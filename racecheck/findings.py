@@ -166,7 +166,11 @@ class Race:
 
 
 def _by(a: Access) -> str:
-    return a.function or a.op
+    """How a fix names an access: its function; top-level code (`<module>`, a `<lambda>`) by
+    file:line, which says where to put the synchronization; else the op."""
+    if a.function and not a.function.startswith("<"):
+        return a.function
+    return a.location or a.function or a.op
 
 
 def _race_texts(r: Race):

@@ -72,3 +72,36 @@ def test_the_checker_emits_structure_and_the_findings_layer_writes_the_prose():
     assert "footprint approximate" not in describe(Race("RC005", place, free, r, approx="x")).detail
     unnamed = Place("unnamed tensor (bytes 0..7)", 9, "bytes", "0..7", "0..7", False)
     assert unnamed.where() == "bytes 0..7 of storage #9"
+
+
+def test_fixes_for_top_level_code_name_file_and_line():
+    from racecheck.findings import Place, Race, describe
+    place = Place("x", 1, "elements", "0..7", "0..31", True)
+    w = Access(op="add_", stream="s", kind="write", location="prog.py:7", function="<module>")
+    r = Access(op="mul", stream="default", kind="read", location="prog.py:9", function="<module>")
+    f = describe(Race("RC001", place, r, w))
+    assert "after `prog.py:7`" in f.suggestion and "before `prog.py:9`" in f.suggestion
+    assert "<module>" not in f.suggestion
+    lam = Access(op="mul", stream="default", kind="read", location="", function="<lambda>")
+    assert "before `<lambda>`" in describe(Race("RC001", place, lam, w)).suggestion
+    fn = Access(op="mul", stream="default", kind="read", location="m.py:3", function="verify")
+    assert "before `verify`" in describe(Race("RC001", place, fn, w)).suggestion
+
+
+def test_top_level_program_fix_on_sim(tmp_path):
+    import racecheck
+    prog = tmp_path / "prog.py"
+    prog.write_text("import torch, racecheck\n"
+                    "dm = rc.device_module\n"
+                    "s = dm.Stream()\n"
+                    "x = racecheck.name(torch.zeros(8), 'x')\n"
+                    "dm.synchronize()\n"
+                    "with dm.stream(s):\n"
+                    "    x.add_(1)\n"
+                    "y = x * 2\n"
+                    "dm.synchronize()\n")
+    with racecheck.session(device="sim") as rc:
+        exec(compile(prog.read_text(), str(prog), "exec"), {"rc": rc})
+    f = rc.findings[0]
+    assert f.rule == "RC001" and f.current.function == "<module>"
+    assert "after `prog.py:7`" in f.suggestion and "before `prog.py:8`" in f.suggestion
