@@ -1000,7 +1000,7 @@ class Checker:
         if nm is None and self.namer is not None:
             held = self.namer(storage, lo, hi)
             if held:
-                return held, f"bytes {byte_text} of `{held}` (storage #{storage})", None
+                return Place(held, storage, "bytes", byte_text, byte_text, True), None
         if nm is None:
             site = self._sites.get(storage)
             if site is not None:

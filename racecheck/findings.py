@@ -126,14 +126,16 @@ class Place:
 
     tensor: str                  # "seq_lens", or "unnamed tensor (first used by ...)"
     storage: int
-    unit: str                    # "rows" | "elements" | "bytes" (unnamed)
+    unit: str                    # "rows" | "elements" | "bytes" (no shape known)
     spans: str                   # "3..7, 9" in `unit`
     byte_spans: str              # "24..63"
-    named: bool
+    named: bool                  # a name the program gave or the object holding the tensor
 
     def where(self) -> str:
         if not self.named:
             return f"bytes {self.byte_spans} of storage #{self.storage}"
+        if self.unit == "bytes":
+            return f"bytes {self.byte_spans} of `{self.tensor}` (storage #{self.storage})"
         return (f"{self.unit} {self.spans} of `{self.tensor}` "
                 f"(bytes {self.byte_spans} of storage #{self.storage})")
 
