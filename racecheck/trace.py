@@ -56,26 +56,27 @@ class Footprint:
     they select rows of, so that a stale index can be told from stale data (RC006).
     """
 
-    __slots__ = ("storage", "ranges", "host", "approx", "born", "index_into", "_as_index")
+    __slots__ = ("storage", "ranges", "host", "approx", "born", "_as_index")
+    index_into = None       # an IndexFootprint's slot; ordinary footprints pay nothing for it
 
     def __init__(self, storage: int, ranges: Ranges, host: bool = False,
-                 approx: str | None = None, born: int | None = None,
-                 index_into: int | None = None):
+                 approx: str | None = None, born: int | None = None):
         self.storage = storage
         self.ranges = ranges
         self.host = host
         self.approx = approx
         self.born = born
-        self.index_into = index_into
-        self._as_index = None
 
     def as_index_into(self, storage: int) -> "Footprint":
         """This read in an index role into `storage` (a copy, kept: footprints are cached per
         tensor, and an index tensor is often used again the same way)."""
-        m = self._as_index
+        try:
+            m = self._as_index
+        except AttributeError:
+            m = None
         if m is None or m.index_into != storage:
-            m = self._as_index = Footprint(self.storage, self.ranges, self.host, self.approx,
-                                           self.born, storage)
+            m = self._as_index = IndexFootprint(self.storage, self.ranges, self.host, self.approx,
+                                                self.born, storage)
         return m
 
     def nbytes(self) -> int:
@@ -100,14 +101,25 @@ class Footprint:
             if lo < 0 or hi < lo:
                 raise ValueError(f"bad byte range [{lo}, {hi})")
         into = d.get("index_into")
-        return cls(int(d["storage"]), ranges, bool(d.get("host", False)), d.get("approx"),
-                   d.get("born"), None if into is None else int(into))
+        fp = Footprint(int(d["storage"]), ranges, bool(d.get("host", False)), d.get("approx"),
+                       d.get("born"))
+        return fp if into is None else fp.as_index_into(int(into))
 
     def __eq__(self, other):
         return isinstance(other, Footprint) and self.to_json() == other.to_json()
 
     def __repr__(self):
         return f"Footprint({self.to_json()})"
+
+
+class IndexFootprint(Footprint):
+    """A read whose values an index op uses as indices into storage `index_into`."""
+
+    __slots__ = ("index_into",)
+
+    def __init__(self, storage, ranges, host=False, approx=None, born=None, index_into=None):
+        super().__init__(storage, ranges, host, approx, born)
+        self.index_into = index_into
 
 
 class Event:

@@ -156,6 +156,6 @@ def test_index_role_is_recorded_for_index_ops_only():
     assert roles["index"].count(tsid) == 1 and roles["gather"].count(tsid) == 1
     assert roles["embedding"].count(tsid) == 1
     assert roles["add"] == [None]
-    fp = Footprint(3, ((0, 8),), index_into=5)
+    fp = Footprint(3, ((0, 8),)).as_index_into(5)
     assert Footprint.from_json(fp.to_json()) == fp and fp.to_json()["index_into"] == 5
     assert Footprint.from_json(Footprint(3, ((0, 8),)).to_json()).index_into is None
