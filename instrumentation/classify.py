@@ -38,6 +38,18 @@ INDEX_OPS = {
     "index_fill_": ("dim", "index", WRITE),
 }
 
+# Ops that read one tensor argument's values as indices into another: (index argument, indexed
+# argument). The index read is marked with the indexed storage (an index role, for RC006).
+INDEX_ROLES = {name: (spec[1], "self") for name, spec in INDEX_OPS.items()}
+INDEX_ROLES.update({
+    "embedding": ("indices", "weight"),
+    "take": ("index", "self"),
+    "index_add": ("index", "self"),
+    "index_copy": ("index", "self"),
+    "scatter": ("index", "self"),
+    "scatter_add": ("index", "self"),
+})
+
 # Ops that are not device work at all (metadata queries, lifetime bookkeeping).
 NO_ACCESS = {
     "is_pinned", "_pin_memory", "pin_memory", "record_stream", "detach", "lift_fresh",
@@ -67,7 +79,7 @@ def _is_tensor_type(t) -> bool:
 class OpClass:
     """Per-overload classification, computed once."""
 
-    __slots__ = ("name", "args", "out_roles", "inplace_self", "index", "no_access",
+    __slots__ = ("name", "args", "out_roles", "inplace_self", "index", "index_role", "no_access",
                  "is_view", "is_copy", "is_scalar_read", "data_dependent", "factory_meta_self",
                  "metadata_inplace", "has_pin_memory", "has_device", "plain_args", "arg_names")
 
@@ -104,6 +116,9 @@ class OpClass:
             role in (WRITE, READ_WRITE) for _, _, _, role in args)
         self.inplace_self = bool(args) and args[0][3] in (WRITE, READ_WRITE)
         self.index = INDEX_OPS.get(name)
+        role = INDEX_ROLES.get(name)
+        self.index_role = role if role is not None and {role[0], role[1]} <= {
+            a.name for a in schema.arguments} else None
         self.no_access = name in NO_ACCESS
         self.metadata_inplace = name in METADATA_INPLACE
         self.has_pin_memory = any(a.name == "pin_memory" for a in schema.arguments)
@@ -114,7 +129,8 @@ class OpClass:
         # Positional single-tensor arguments, none metadata-only, not an index op: the
         # interceptor's fast plan unpacks these as (position, role) without the generic loop.
         self.plain_args = tuple((i, role) for i, _, _, role in args) if (
-            plain and self.index is None and all(role != META for *_, role in args)) else None
+            plain and self.index is None and self.index_role is None
+            and all(role != META for *_, role in args)) else None
         self.arg_names = frozenset(a[1] for a in args)
 
 

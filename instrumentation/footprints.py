@@ -8,6 +8,7 @@ which the footprint says. Index ops resolve their index values into the exact ro
 from __future__ import annotations
 
 import itertools
+import sys
 import weakref
 from collections import deque
 
@@ -15,9 +16,13 @@ import torch
 
 from racecheck.trace import Footprint
 
+from .stacks import _internal as internal_files, drop_site
+
 MAX_RUNS = 4096          # above this many runs a strided view is covered by its bounding interval
 MAX_INDEX_ELEMS = 1 << 20  # above this many touched positions an index op covers the whole view
 _CACHE_LIMIT = 8192
+_FREE_FRAMES = 4   # frames kept of where a storage died
+getframe = sys._getframe
 CACHE_ATTR = "_racecheck_fp"
 _tokens = itertools.count(1)
 
@@ -62,7 +67,14 @@ class StorageRegistry:
                 del by_cdata[key]
             cdata_of.pop(sid, None)
             host_sids.discard(sid)
-            dead.append((sid, ()))
+            # CPython runs this where the last reference went: the `del`, the rebinding, the
+            # return that dropped the tensor (RC005 names that line); one user frame is enough
+            f = getframe(1)
+            code = f.f_code
+            if internal_files.get(code.co_filename) is False:
+                dead.append((sid, ((code, f.f_lasti),)))
+            else:
+                dead.append((sid, drop_site(_FREE_FRAMES)))
 
         self._by_cdata[key] = (sid, weakref.ref(st, _died), host)
         cdata_of[sid] = key

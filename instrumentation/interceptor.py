@@ -275,6 +275,8 @@ class Interceptor(TorchDispatchMode):
         pend = None
         nargs = len(args)
         capture = b.tls.capture     # an op cannot start or end a capture
+        irole = oc.index_role       # (index argument, indexed argument) of an index op
+        ix_at = into = None
         for i, name, kwarg_only, role in oc.args:
             v = args[i] if (i < nargs and not kwarg_only) else (kwargs.get(name) if kwargs else None)
             if v is None:
@@ -295,7 +297,7 @@ class Interceptor(TorchDispatchMode):
                 if first and index is not None:
                     if capture is None and self._queued:
                         # Queued execution: the index values are final only when the op runs.
-                        self.maker.registry.lookup(t)
+                        into = self.maker.registry.lookup(t)[0]
                         deferred = (role, len(writes) if role == WRITE else len(reads))
                         first = False
                         any_device = any_device or not self.maker.registry.is_host(t)
@@ -317,6 +319,11 @@ class Interceptor(TorchDispatchMode):
                     continue
                 if not f.host:
                     any_device = True
+                if irole is not None:
+                    if name == irole[1]:
+                        into = f.storage
+                    elif name == irole[0] and role != WRITE:
+                        ix_at = (ix_at or []) + [len(reads)]   # where its read goes next
                 if role == WRITE:
                     writes.append(f)
                 elif role == READ_WRITE:
@@ -324,6 +331,10 @@ class Interceptor(TorchDispatchMode):
                     writes.append(f)
                 else:
                     reads.append(f)
+        if irole is not None and ix_at and into is not None:
+            for k in ix_at:
+                if reads[k].storage != into:
+                    reads[k] = reads[k].as_index_into(into)
         stack = stacks.capture()
         if place is HOST or (any_tensor and not any_device and place is not DEVICE):
             if deferred is not None:     # host memory only: runs now, its indices are final

@@ -128,6 +128,17 @@ def capture(limit: int = 6, skip: int = 2) -> tuple:
     return tuple(out)
 
 
+def drop_site(limit: int = 4) -> tuple:
+    """Where the caller (a weakref callback) was triggered: the frame that dropped the last
+    reference. One frame when that is user code (the common case, and cheap: every temporary
+    dies somewhere), else the user frames above racecheck's or torch's."""
+    f = sys._getframe(2)
+    code = f.f_code
+    if _internal.get(code.co_filename) is False:
+        return ((code, f.f_lasti),)
+    return capture(limit, 3)
+
+
 # First user frame (code id, bytecode offset) -> the stack captured there last: a loop issuing
 # an op from one line sees the same frames again and again, and comparing them costs less than
 # building (and later freeing) new tuples. Entries hold their code objects (no id is reused).

@@ -13,8 +13,8 @@ from .session import Session, active_session, session
 
 __version__ = "0.1.0"
 
-__all__ = ["session", "Session", "name", "delay", "kernel", "Finding", "Access", "active_session",
-           "__version__"]
+__all__ = ["session", "Session", "name", "stale_tolerant", "delay", "kernel", "Finding", "Access",
+           "active_session", "__version__"]
 
 
 def name(t, name: str):
@@ -25,6 +25,23 @@ def name(t, name: str):
             s.name(t, name)
         except Exception as exc:
             s.internal_error(exc, "while naming a tensor")
+    return t
+
+
+def stale_tolerant(t):
+    """Declare a graph input buffer's rows stale-tolerant. Returns `t`.
+
+    For an engine whose graphs read padded rows it does not rewrite before each replay by design
+    (their results are discarded, e.g. `input_ids`' unused tail): stale reads of these bytes are
+    then not RC006, except when a stale value is used as an index into memory the run writes
+    after the graph's capture (`req_pool_indices` selecting `req_to_token` rows), which stays RC006.
+    """
+    s = active_session()
+    if s is not None and s.checking:
+        try:
+            s.stale_tolerant(t)
+        except Exception as exc:
+            s.internal_error(exc, "while declaring a stale-tolerant tensor")
     return t
 
 

@@ -41,6 +41,11 @@ Choices where the rules leave room
 * RC005 is checked only for device allocations the trace saw allocated (Alloc with host=False):
   pinned host blocks are protected by the host caching allocator's own stream events, and a block
   of unknown allocation stream cannot be judged.
+* RC005 is judged when the freed block could first be reused, not at the free: a free while
+  another stream's access is unordered opens a hazard on the allocation stream. The stream's next
+  device work (kernel, copy, replay) reports it unless the stream caught up with that access
+  (waits, or a host sync joined at launch) in between; hazards still open when the trace ends
+  are reported by `findings` (the next allocation on that stream would reuse the block).
 * RC006 looks at a graph input's bytes the graph actually reads: outside writes to other bytes of
   the same storage are not "refreshes" (a shared buffer pool does not make every graph's unread
   part look like a stale per-replay input).
@@ -49,6 +54,10 @@ Choices where the rules leave room
 * HostSync(device, N) orders the streams named on device N and the streams of unknown device.
 * A host-side no-op wait (event.synchronize() before any record) is named `event.synchronize`
   in RC008 findings; a stream-side one `wait_event`.
+* RC008 comes with a race whose current side made a no-op wait meant to order the pair: on an
+  event recorded later on the previous access's stream, covering that access; or on an event
+  never recorded at all (a fresh Event, a stale handle), waited on after the previous access was
+  issued. The latter names the first event recorded on that stream after the access, if any.
 * Races already reported for the same segment and code sites are recognized cheaply before any
   Finding is built (racy loops cost little), per storage, dropped with the storage.
 """
@@ -57,19 +66,89 @@ from __future__ import annotations
 import os
 from bisect import bisect_left
 from collections import deque
+from dataclasses import replace
+from typing import NamedTuple
 
 from .clocks import join
-from .findings import Access, ContextEvent, Finding, FindingSet
+from .findings import Access, ContextEvent, FindingSet, Place, Race, describe
 from .shadow import (StorageShadow, iv_add, iv_intersect, iv_normalize, iv_subtract,
                      iv_union)
 from .trace import (frame_info, Alloc, Copy, EventRecord, Free, GraphCapture, GraphReplay, HostAccess,
-                    HostSync, Kernel, NameTensor, NameTimeline, RecordStream, StreamWaitEvent,
-                    StreamWaitStream)
+                    HostSync, Kernel, NameTensor, NameTimeline, RecordStream, StaleTolerant,
+                    StreamWaitEvent, StreamWaitStream)
 
 __all__ = ["Checker"]
 
-# access record: a plain tuple, one per device op (or per captured op of a replay)
-R_TL, R_CLOCK, R_SEQ, R_EV, R_SUB, R_HOST, R_GRAPH = range(7)
+# An access record, one per device op (or per captured op of a replay) or host access: a plain
+# tuple, because this is the hot path and on CPython 3.11 a NamedTuple costs three times as much to
+# build and its indexing is not specialized (measured: bench_checker ~11% slower). Its fields,
+# always read through these names (or unpacked):
+#   TL timeline, CLOCK its epoch (ordered before VC iff clock <= VC[tl]), SEQ trace position,
+#   EV the trace event, SUB the CapturedOp of a replay (else None), HOST a host access,
+#   GRAPH the replayed graph (else None).
+TL, CLOCK, SEQ, EV, SUB, HOST, GRAPH = range(7)
+
+
+class _Ctx(NamedTuple):
+    """A context entry of a timeline. A kernel's entry is its access record (a plain tuple: nothing
+    to build on the hot path) and a free's a _CtxFree; `_ctx_entry` turns both into a _Ctx."""
+
+    seq: int
+    kind: str
+    label: str
+    peer: object     # the other timeline of a sync edge, or None
+    edge: int        # seq of the event at the other end of that edge, or -1
+
+
+class _CtxFree(NamedTuple):
+    seq: int
+    block: int
+
+
+class _Recorded(NamedTuple):
+    """The latest record of an event: the recording stream's clock then."""
+
+    tl: int
+    vc: dict
+    seq: int
+    stack: tuple
+
+
+class _NoopWait(NamedTuple):
+    seq: int
+    stack: tuple
+    host: bool       # event.synchronize() on the host, else a stream's wait_event
+
+
+class _Name(NamedTuple):
+    lo: int
+    hi: int
+    name: str
+    row_bytes: int
+    itemsize: int
+    order: int
+
+
+class _Replay(NamedTuple):
+    seq: int
+    tl: int
+    ev: object
+
+
+class _Noted(NamedTuple):
+    """A race noted during the current event; `segs` collects its byte segments."""
+
+    rule: str
+    prev: tuple      # access records
+    cur: tuple
+    pw: bool
+    cw: bool
+    fp: object
+    segs: list
+    sh: StorageShadow
+
+
+_new = tuple.__new__
 
 MAX_STACK = 8
 CONTEXT_CAP = 40
@@ -80,7 +159,8 @@ _SITED = (Kernel, Copy, HostAccess)    # events whose op names the storages allo
 
 
 class _Timeline:
-    __slots__ = ("tid", "name", "is_host", "device", "vc", "ver", "jh", "jv", "ctx", "noop")
+    __slots__ = ("tid", "name", "is_host", "device", "vc", "ver", "jh", "jv", "ctx", "noop",
+                 "frees")
 
     def __init__(self, tid, is_host, vc, window):
         self.tid = tid
@@ -91,8 +171,27 @@ class _Timeline:
         self.ver = 0          # host timelines: bumped whenever vc changes
         self.jh = None        # streams: host timeline last joined (launch edge) ...
         self.jv = -1          # ... and its version then
-        self.ctx = deque(maxlen=window)   # (seq, kind, label, peer tid | None, edge seq)
-        self.noop = None      # event -> (seq, stack) of no-op waits made by this timeline
+        self.ctx = deque(maxlen=window)   # _Ctx | access record (a kernel) | _CtxFree
+        self.noop = None      # event -> _NoopWait made by this timeline
+        self.frees = None     # allocation streams: RC005 hazards open on blocks freed to their pool
+
+
+class _OpenFree(NamedTuple):
+    """An RC005 hazard: a block went back to a pool while `tid`'s access (epoch `clock`) was
+    unordered; judged when the pool's stream next issues work, or at the end of the trace."""
+
+    tid: int
+    clock: int
+    host: int
+    race: Race
+
+
+class _StaleIndex(NamedTuple):
+    """RC006 on stale declared-tolerant indices, due once `into` is written after `captured`."""
+
+    into: int
+    captured: int
+    finding: object   # the Finding
 
 
 class _GraphInput:
@@ -109,15 +208,16 @@ class _GraphInput:
 
 
 class _Graph:
-    __slots__ = ("gid", "ops", "inputs", "nreplays", "first_replay", "last_replay")
+    __slots__ = ("gid", "ops", "inputs", "nreplays", "first_replay", "last_replay", "captured")
 
-    def __init__(self, gid, ops):
+    def __init__(self, gid, ops, captured):
         self.gid = gid
         self.ops = ops
+        self.captured = captured  # seq of the capture: writes after it make memory "mutated"
         self.inputs = {}
         self.nreplays = 0
         self.first_replay = None
-        self.last_replay = None   # (seq, stream tid, replay event)
+        self.last_replay = None   # _Replay
 
 
 def _basename(path) -> str:
@@ -150,8 +250,8 @@ def _span_text(a: int, b: int) -> str:
 
 def _site(rec):
     """Cheap identity of the code that made an access (for quick dedup of repeated races)."""
-    ev = rec[R_EV]
-    sub = rec[R_SUB]
+    ev = rec[EV]
+    sub = rec[SUB]
     first = ev.stack[0] if ev.stack else getattr(ev, "op", type(ev).__name__)
     if sub is None:
         return first
@@ -165,7 +265,7 @@ def _only_on(sh, tid) -> bool:
         if st is None:
             continue
         w = st[0]
-        if w is not None and w[R_TL] != tid:
+        if w is not None and w[TL] != tid:
             return False
         for t in st[1]:
             if t != tid:
@@ -173,16 +273,24 @@ def _only_on(sh, tid) -> bool:
     return True
 
 
-def _ctx_entry(e):
-    """Context entries are (seq, kind, label, peer tid | None, edge seq), except that a kernel's
-    entry is its access record and a free's is (seq, block): no tuple or label to build for
-    them on the hot path."""
-    n = len(e)
-    if n == 7:
-        return (e[R_SEQ], "kernel", getattr(e[R_EV], "op", "kernel"), None, -1)
-    if n == 2:
-        return (e[0], "free", f"free storage #{e[1]}", None, -1)
+def _ctx_entry(e) -> _Ctx:
+    t = type(e)
+    if t is tuple:       # a kernel's access record
+        return _Ctx(e[SEQ], "kernel", getattr(e[EV], "op", "kernel"), None, -1)
+    if t is _CtxFree:
+        return _Ctx(e.seq, "free", f"free storage #{e.block}", None, -1)
     return e
+
+
+def _ctx_seq(e) -> int:
+    return e[SEQ] if type(e) is tuple else e.seq
+
+
+def _join_launch(s, h) -> None:
+    """The launch edge: stream `s` joins host `h`'s clock (callers test that it changed)."""
+    join(s.vc, h.vc)
+    s.jh = h
+    s.jv = h.ver
 
 
 class Checker:
@@ -197,16 +305,20 @@ class Checker:
         self._streams: list = []       # stream timelines, first-seen order
         self._main = None              # first host timeline
         self._shadow: dict = {}        # storage -> StorageShadow
-        self._names: dict = {}         # storage -> [[lo, hi, name, row_bytes, itemsize, order]]
+        self._names: dict = {}         # storage -> [_Name]
         self._name_order = 0
-        self._records: dict = {}       # event -> (tid, snapshot, seq, stack)
-        self._allocs: dict = {}        # block -> (stream tid, host)
+        self._records: dict = {}       # event -> _Recorded
+        self._allocs: dict = {}        # block -> (allocation stream, host): one per storage, unpacked
         self._unsited: list = []       # blocks allocated since the last op (their creator is next)
-        self._sites: dict = {}         # block -> (op, "file.py:line") of the first op touching it
+        self._sites: dict = {}         # block -> (op, innermost frame) of the first op touching it
         self._recstreams: dict = {}    # block -> set of stream tids (membership only)
         self._graphs: dict = {}        # graph -> _Graph
         self._readers: dict = {}       # storage -> [(graph, _GraphInput)] shared with shadows
         self._pend: dict = {}          # races noted during the current event
+        self._frees_open: list = []    # (allocation stream, _OpenFree) in free order
+        self._tolerant: dict = {}      # storage -> byte intervals declared stale-tolerant
+        self._stale_open: list = []    # _StaleIndex whose indexed memory was not written yet
+        self._stale_seen: set = set()
         self._handlers = {
             Kernel: self._on_kernel, Copy: self._on_copy, EventRecord: self._on_record,
             StreamWaitEvent: self._on_wait_event, StreamWaitStream: self._on_wait_stream,
@@ -214,13 +326,23 @@ class Checker:
             Alloc: self._on_alloc, Free: self._on_free, RecordStream: self._on_record_stream,
             GraphCapture: self._on_capture, GraphReplay: self._on_replay,
             NameTensor: self._on_name_tensor, NameTimeline: self._on_name_timeline,
+            StaleTolerant: self._on_stale_tolerant,
         }
 
     # ---- public API ---------------------------------------------------------------------------
 
     @property
     def findings(self) -> list:
-        return list(self.finding_set.items)
+        """Findings so far, as if the trace ended here (RC005 hazards still open included)."""
+        if not self._frees_open and not self._stale_open:
+            return list(self.finding_set.items)
+        out = FindingSet(list(self.finding_set.items), set(self.finding_set._seen))
+        for f in self._still_open():
+            out.add(f)
+        for hz in self._stale_open:
+            if self._mutated_since(hz.into, hz.captured):
+                out.add(hz.finding)
+        return list(out.items)
 
     @property
     def events_processed(self) -> int:
@@ -327,9 +449,7 @@ class Checker:
         if s is None:
             s = self._new_stream(ev.stream)
         if s.jh is not h or s.jv != h.ver:
-            join(s.vc, h.vc)
-            s.jh = h
-            s.jv = h.ver
+            _join_launch(s, h)
         return s
 
     # ---- device work --------------------------------------------------------------------------
@@ -343,15 +463,15 @@ class Checker:
         if s is None:
             s = self._new_stream(ev.stream)
         if s.jh is not h or s.jv != h.ver:
-            join(s.vc, h.vc)
-            s.jh = h
-            s.jv = h.ver
+            _join_launch(s, h)
         vc = s.vc
         tid = s.tid
         c = vc[tid] + 1
         vc[tid] = c
+        if s.frees:
+            self._settle_frees(s, ev)
         rec = (tid, c, seq, ev, None, False, None)
-        s.ctx.append(rec)      # a 7-tuple context entry: a kernel (see _ctx_entry)
+        s.ctx.append(rec)      # a kernel's context entry is its record (see _ctx_entry)
         if ev.reads:
             self._read(ev.reads, rec, vc)
         if ev.writes:
@@ -359,13 +479,15 @@ class Checker:
 
     def _on_copy(self, ev, seq):
         s = self._launch(ev)
+        if s.frees:
+            self._settle_frees(s, ev)
         vc = s.vc
         tid = s.tid
         c = vc[tid] + 1
         vc[tid] = c
         src, dst = ev.src, ev.dst
         direction = ("H2H" if dst.host else "H2D") if src.host else ("D2H" if dst.host else "D2D")
-        s.ctx.append((seq, "copy", f"{ev.op} {direction}", None, -1))
+        s.ctx.append(_new(_Ctx, (seq, "copy", f"{ev.op} {direction}", None, -1)))
         rec = (tid, c, seq, ev, None, False, None)
         self._read((src,), rec, vc)
         self._write((dst,), rec, vc, None)
@@ -373,7 +495,7 @@ class Checker:
             h = self._tl[ev.thread]
             join(h.vc, vc)
             h.ver += 1
-            h.ctx.append((seq, "sync", f"blocking {ev.op} {direction}", tid, seq))
+            h.ctx.append(_new(_Ctx, (seq, "sync", f"blocking {ev.op} {direction}", tid, seq)))
 
     def _on_host_access(self, ev, seq):
         h = self._host(ev.thread)
@@ -382,7 +504,7 @@ class Checker:
         c = vc.get(tid, 0) + 1
         vc[tid] = c
         h.ver += 1
-        h.ctx.append((seq, "host", ev.op, None, -1))
+        h.ctx.append(_new(_Ctx, (seq, "host", ev.op, None, -1)))
         rec = (tid, c, seq, ev, None, True, None)
         if ev.reads:
             self._read(ev.reads, rec, vc)
@@ -399,7 +521,7 @@ class Checker:
     def _read(self, fps, rec, vc):
         shadows = self._shadow
         vcget = vc.get
-        tid = rec[0]
+        tid = rec[TL]
         for fp in fps:
             sh = shadows.get(fp.storage)
             if sh is None:
@@ -414,9 +536,9 @@ class Checker:
                     if st is not None:
                         w = st[0]
                         if w is not None:
-                            if w[1] > vcget(w[0], 0):
+                            if w[CLOCK] > vcget(w[TL], 0):
                                 self._race(w, rec, True, False, fp, sh, lo, hi)
-                            if w[6] is not None and fp.born is not None:
+                            if w[GRAPH] is not None and fp.born is not None:
                                 self._check_rc007(w, rec, fp, sh, lo, hi)
                         st[1][tid] = rec
                         continue
@@ -430,9 +552,9 @@ class Checker:
                         continue
                     w = st[0]
                     if w is not None:
-                        if w[1] > vcget(w[0], 0):
+                        if w[CLOCK] > vcget(w[TL], 0):
                             self._race(w, rec, True, False, fp, sh, bounds[k], bounds[k + 1])
-                        if w[6] is not None and fp.born is not None:
+                        if w[GRAPH] is not None and fp.born is not None:
                             self._check_rc007(w, rec, fp, sh, bounds[k], bounds[k + 1])
                     st[1][tid] = rec
 
@@ -457,12 +579,12 @@ class Checker:
                     # fast path: exactly one existing segment
                     st = states[i]
                     w = st[0]
-                    if w is not None and w[1] > vcget(w[0], 0):
+                    if w is not None and w[CLOCK] > vcget(w[TL], 0):
                         self._race(w, rec, True, True, fp, sh, lo, hi)
                     r = st[1]
                     if r:
                         for pr in r.values():
-                            if pr[1] > vcget(pr[0], 0):
+                            if pr[CLOCK] > vcget(pr[TL], 0):
                                 self._race(pr, rec, False, True, fp, sh, lo, hi)
                         r.clear()
                     st[0] = rec
@@ -475,12 +597,12 @@ class Checker:
                         if st is None:
                             continue
                         w = st[0]
-                        if w is not None and w[1] > vcget(w[0], 0):
+                        if w is not None and w[CLOCK] > vcget(w[TL], 0):
                             self._race(w, rec, True, True, fp, sh, bounds[k], bounds[k + 1])
                         r = st[1]
                         if r:
                             for pr in r.values():
-                                if pr[1] > vcget(pr[0], 0):
+                                if pr[CLOCK] > vcget(pr[TL], 0):
                                     self._race(pr, rec, False, True, fp, sh, bounds[k],
                                                bounds[k + 1])
                     sh.collapse(i, j, [rec, {}])
@@ -493,15 +615,15 @@ class Checker:
 
     def _on_record(self, ev, seq):
         s = self._launch(ev)
-        self._records[ev.event] = (s.tid, dict(s.vc), seq, ev.stack)
-        s.ctx.append((seq, "record", f"record event #{ev.event}", None, -1))
+        self._records[ev.event] = _new(_Recorded, (s.tid, dict(s.vc), seq, ev.stack))
+        s.ctx.append(_new(_Ctx, (seq, "record", f"record event #{ev.event}", None, -1)))
 
     def _remember_noop(self, tl, event, seq, stack, host):
         noop = tl.noop
         if noop is None:
             noop = tl.noop = {}
         noop.pop(event, None)
-        noop[event] = (seq, stack, host)
+        noop[event] = _NoopWait(seq, stack, host)
         if len(noop) > NOOP_WAITS_KEPT:
             del noop[next(iter(noop))]
 
@@ -510,23 +632,21 @@ class Checker:
         r = self._records.get(ev.event)
         if r is None:
             self._remember_noop(s, ev.event, seq, ev.stack, False)
-            s.ctx.append((seq, "wait", f"wait_event #{ev.event} (no-op: never recorded)", None, -1))
+            s.ctx.append(_new(_Ctx, (seq, "wait", f"wait_event #{ev.event} (no-op: never recorded)", None, -1)))
             return
-        join(s.vc, r[1])
-        s.ctx.append((seq, "wait", f"wait_event #{ev.event}", r[0], r[2]))
+        join(s.vc, r.vc)
+        s.ctx.append(_new(_Ctx, (seq, "wait", f"wait_event #{ev.event}", r.tl, r.seq)))
 
     def _on_wait_stream(self, ev, seq):
         h = self._host(ev.thread)
         s = self._stream(ev.waiter)
         if s.jh is not h or s.jv != h.ver:
-            join(s.vc, h.vc)
-            s.jh = h
-            s.jv = h.ver
+            _join_launch(s, h)
         t = self._stream(ev.waitee)
         if t is not s:
             join(s.vc, t.vc)
-        edge = _ctx_entry(t.ctx[-1])[0] if t.ctx else -1
-        s.ctx.append((seq, "wait", "wait_stream", t.tid, edge))
+        edge = _ctx_seq(t.ctx[-1]) if t.ctx else -1
+        s.ctx.append(_new(_Ctx, (seq, "wait", "wait_stream", t.tid, edge)))
 
     def _on_host_sync(self, ev, seq):
         h = self._host(ev.thread)
@@ -535,22 +655,22 @@ class Checker:
             s = self._tl.get(target)
             if s is not None and s is not h:
                 join(h.vc, s.vc)
-                h.ctx.append((seq, "sync", "stream synchronize", s.tid,
-                              _ctx_entry(s.ctx[-1])[0] if s.ctx else -1))
+                h.ctx.append(_new(_Ctx, (seq, "sync", "stream synchronize", s.tid,
+                                         _ctx_seq(s.ctx[-1]) if s.ctx else -1)))
         elif kind == "event":
             r = self._records.get(target)
             if r is None:
                 self._remember_noop(h, target, seq, ev.stack, True)
-                h.ctx.append((seq, "sync", f"event #{target} synchronize (no-op: never recorded)",
-                              None, -1))
+                h.ctx.append(_new(_Ctx, (seq, "sync", f"event #{target} synchronize (no-op: "
+                                         f"never recorded)", None, -1)))
             else:
-                join(h.vc, r[1])
-                h.ctx.append((seq, "sync", f"event #{target} synchronize", r[0], r[2]))
+                join(h.vc, r.vc)
+                h.ctx.append(_new(_Ctx, (seq, "sync", f"event #{target} synchronize", r.tl, r.seq)))
         elif kind == "device":
             for s in self._streams:
                 if target is None or s.device is None or s.device == target:
                     join(h.vc, s.vc)
-            h.ctx.append((seq, "sync", "device synchronize", None, -1))
+            h.ctx.append(_new(_Ctx, (seq, "sync", "device synchronize", None, -1)))
         h.ver += 1
 
     # ---- allocator ----------------------------------------------------------------------------
@@ -578,66 +698,90 @@ class Checker:
         if h is None:
             h = self._new_host(ev.thread)
         blk = ev.block
-        h.ctx.append((seq, blk))     # a 2-tuple context entry: a free (see _ctx_entry)
-        info = self._allocs.pop(blk, None)
+        h.ctx.append(_new(_CtxFree, (seq, blk)))
+        stream, host = self._allocs.pop(blk, None) or (None, True)
+        if self._stale_open:
+            self._settle_stale_indices(blk)
         sh = self._shadow.pop(blk, None)
         rs = (self._recstreams.pop(blk, None) or ()) if self._recstreams else ()
-        if sh is not None and info is not None and not info[1] and info[0] is not None \
-                and not _only_on(sh, info[0]):
-            self._check_rc005(ev, seq, h, blk, info[0], sh, rs)
+        if sh is not None and not host and stream is not None and not _only_on(sh, stream):
+            self._check_rc005(ev, seq, h, blk, stream, sh, rs)
         if self._names:
             self._names.pop(blk, None)
+        if self._tolerant:
+            self._tolerant.pop(blk, None)
         self._sites.pop(blk, None)
         if self._readers:
             for _g, inp in self._readers.get(blk, ()):
                 inp.ever = []
                 inp.fresh = []
 
+    def _open_free(self, a, hazard):
+        if a.frees is None:
+            a.frees = []
+        a.frees.append(hazard)
+        self._frees_open.append((a, hazard))
+
+    def _settle_frees(self, a, ev):
+        """The allocation stream `a` issues work that may reuse its freed blocks: every hazard
+        it is still unordered with becomes a finding; the others closed when `a` caught up."""
+        vc = a.vc
+        for hz in a.frees:
+            if hz.clock > vc.get(hz.tid, 0):
+                loc = _fmt_stack(ev.stack)[0] if ev.stack else ""
+                what = getattr(ev, "op", None) or f"replay of graph {getattr(ev, 'graph', '?')}"
+                self.finding_set.add(describe(replace(hz.race, reuse=(what, loc))))
+        a.frees = None
+        self._frees_open = [(b, hz) for b, hz in self._frees_open if b is not a]
+
+    def _still_open(self):
+        """Findings of hazards open at the end of the trace so far (the next allocation on the
+        stream would reuse the block), unless the stream or the freeing host caught up."""
+        tls = self._tl
+        for a, hz in self._frees_open:
+            if hz.clock <= a.vc.get(hz.tid, 0):
+                continue
+            h = tls.get(hz.host)
+            if h is not None and hz.clock <= h.vc.get(hz.tid, 0):
+                continue
+            yield describe(replace(hz.race, trace_end=True))
+
     def _check_rc005(self, ev, seq, h, blk, a_tid, sh, rs):
         a = self._tl.get(a_tid)
         avc = a.vc if a is not None else {}
         hvc = h.vc
         tls = self._tl
-        found = {}    # T -> [latest rec, kind, ranges]
+        found = {}    # T -> (latest rec, kind, ranges)
         for lo, hi, st in sh.segments():
             items = [(st[0], "write")] if st[0] is not None else []
             items.extend((r, "read") for r in st[1].values())
             for rec, kind in items:
-                t = rec[R_TL]
-                if t == a_tid or rec[R_HOST] or t in rs:
+                t = rec[TL]
+                if t == a_tid or rec[HOST] or t in rs:
                     continue
                 tl = tls.get(t)
                 if tl is None or tl.is_host:
                     continue
-                c = rec[R_CLOCK]
+                c = rec[CLOCK]
                 if c <= hvc.get(t, 0) or c <= avc.get(t, 0):
                     continue
                 ent = found.get(t)
                 if ent is None:
-                    found[t] = [rec, kind, [(lo, hi)]]
+                    found[t] = (rec, kind, [(lo, hi)])
                 else:
-                    if rec[R_SEQ] > ent[0][R_SEQ]:
-                        ent[0], ent[1] = rec, kind
-                    ent[2] = iv_add(ent[2], lo, hi)
-        for t, (rec, kind, ranges) in sorted(found.items(), key=lambda x: x[1][0][R_SEQ]):
-            tensor, where, _nm = self._describe(blk, ranges)
-            prev = self._access(rec, kind)
+                    latest, lkind, ranges = ent
+                    if rec[SEQ] > latest[SEQ]:
+                        latest, lkind = rec, kind
+                    found[t] = (latest, lkind, iv_add(ranges, lo, hi))
+        for t, (rec, kind, ranges) in sorted(found.items(), key=lambda x: x[1][0][SEQ]):
+            place, _nm = self._describe(blk, ranges)
             loc, fn, frames = _fmt_stack(ev.stack)
-            a_name = self.timeline_name(a_tid)
-            other = self.timeline_name(t)
-            cur = Access(op="free", stream=a_name, kind="free", location=loc, function=fn,
-                         stack=frames, seq=seq)
-            f = Finding(
-                rule="RC005", tensor=tensor, current=cur, previous=prev,
-                suggestion=(f"call `{tensor}.record_stream({other})` before freeing it, or keep a "
-                            f"reference until `{other}`'s work completes"),
-                detail=(f"{where} freed by `{self.timeline_name(h.tid)}` back to `{a_name}`'s pool "
-                        f"while the {kind} by `{prev.op}` on `{other}` is not ordered before "
-                        f"the free; a new allocation on `{a_name}` may reuse the bytes under it"),
-                approx=self._approx(rec, blk) or "",
-                context=self._context((t, a_tid, h.tid), rec[R_SEQ], seq),
-                missing_edge=(other, a_name))
-            self.finding_set.add(f)
+            free = Access(op="free", stream=self.timeline_name(a_tid), kind="free", location=loc,
+                          function=fn, stack=frames, seq=seq)
+            race = Race("RC005", place, free, self._access(rec, kind),
+                        context=self._context((t, a_tid, h.tid), rec[SEQ], seq),
+                        approx=self._approx(rec, blk) or "", freer=self.timeline_name(h.tid))
+            self._open_free(a, _OpenFree(t, rec[CLOCK], h.tid, race))
 
     # ---- graphs -------------------------------------------------------------------------------
 
@@ -649,8 +793,8 @@ class Checker:
             for st, inp in old.inputs.items():
                 lst = self._readers.get(st)
                 if lst:
-                    lst[:] = [x for x in lst if x[1] is not inp]
-        gr = _Graph(g, list(ev.ops))
+                    lst[:] = [(g2, x) for g2, x in lst if x is not inp]
+        gr = _Graph(g, list(ev.ops), seq)
         for idx, op in enumerate(gr.ops):
             for fp in op.reads:
                 if fp.approx:
@@ -673,16 +817,18 @@ class Checker:
             if sh is not None:
                 sh.readers = lst
         self._graphs[g] = gr
-        h.ctx.append((seq, "capture", f"capture graph {g} ({len(gr.ops)} ops)", None, -1))
+        h.ctx.append(_new(_Ctx, (seq, "capture", f"capture graph {g} ({len(gr.ops)} ops)", None, -1)))
 
     def _on_replay(self, ev, seq):
         s = self._launch(ev)
+        if s.frees:
+            self._settle_frees(s, ev)
         vc = s.vc
         tid = s.tid
         c = vc[tid] + 1
         vc[tid] = c
         g = ev.graph
-        s.ctx.append((seq, "replay", f"replay graph {g}", None, -1))
+        s.ctx.append(_new(_Ctx, (seq, "replay", f"replay graph {g}", None, -1)))
         gr = self._graphs.get(g)
         if gr is None:
             return
@@ -697,7 +843,7 @@ class Checker:
         gr.nreplays += 1
         if gr.first_replay is None:
             gr.first_replay = seq
-        gr.last_replay = (seq, tid, ev)
+        gr.last_replay = _new(_Replay, (seq, tid, ev))
 
     def _check_rc006(self, gr, ev, seq, s):
         for st, inp in gr.inputs.items():
@@ -706,18 +852,68 @@ class Checker:
             fresh = iv_intersect(inp.fresh, inp.read)
             if fresh and gr.nreplays > 0:
                 stale = iv_subtract(iv_intersect(inp.read, inp.ever), fresh)
+                tol = self._tolerant.get(st) if stale and self._tolerant else None
+                if tol:
+                    self._stale_indices(gr, inp, iv_intersect(stale, tol), fresh, ev, seq, s)
+                    stale = iv_subtract(stale, tol)
                 if stale:
-                    self._report_rc006(gr, inp, stale, fresh, ev, seq, s)
+                    self.finding_set.add(describe(self._report_rc006(gr, inp, stale, fresh, ev, seq, s)))
             inp.ever = iv_union(inp.ever, fresh)
             inp.fresh = []
 
-    def _report_rc006(self, gr, inp, stale, fresh, ev, seq, s):
+    def _stale_indices(self, gr, inp, stale, fresh, ev, seq, s):
+        """Stale declared-tolerant bytes are harmless data, unless a captured op reads them as
+        indices into memory the run mutates: RC006 then, whether the write into that memory
+        comes before this replay or after it (decided when findings are read)."""
+        st = inp.storage
+        for idx in inp.ops:
+            for fp in gr.ops[idx].reads:
+                into = fp.index_into
+                if fp.storage != st or into is None:
+                    continue
+                used = iv_intersect(iv_normalize(fp.ranges), stale)
+                if not used:
+                    continue
+                f = describe(self._report_rc006(
+                    gr, inp, used, fresh, ev, seq, s, reader=gr.ops[idx],
+                    index_use=(gr.ops[idx].op, self._storage_label(into))))
+                hz = _StaleIndex(into, gr.captured, f)
+                if self._mutated_since(into, gr.captured):
+                    self.finding_set.add(f)
+                elif f.signature not in self._stale_seen:
+                    self._stale_seen.add(f.signature)
+                    self._stale_open.append(hz)
+
+    def _settle_stale_indices(self, blk):
+        """`blk` dies: its write history goes, so stale indices into it are judged now."""
+        keep = []
+        for hz in self._stale_open:
+            if hz.into != blk:
+                keep.append(hz)
+            elif self._mutated_since(blk, hz.captured):
+                self.finding_set.add(hz.finding)
+        self._stale_open = keep
+
+    def _mutated_since(self, storage, seq) -> bool:
+        sh = self._shadow.get(storage)
+        if sh is None:
+            return False
+        for st in sh.states:
+            if st is not None and st[0] is not None and st[0][SEQ] > seq:
+                return True
+        return False
+
+    def _storage_label(self, storage) -> str:
+        nm = self._name_for(storage, 0, 1 << 62)
+        return f"`{nm.name}`" if nm is not None else f"storage #{storage}"
+
+    def _report_rc006(self, gr, inp, stale, fresh, ev, seq, s, reader=None, index_use=()):
         g = gr.gid
         st = inp.storage
-        tensor, where, nm = self._describe(st, stale)
+        place, nm = self._describe(st, stale)
         # the captured op reading the stale bytes
-        cop = gr.ops[inp.ops[0]]
-        for idx in inp.ops:
+        cop = reader or gr.ops[inp.ops[0]]
+        for idx in (() if reader is not None else inp.ops):
             op = gr.ops[idx]
             if any(iv_intersect(iv_normalize([r for fp in op.reads if fp.storage == st
                                               for r in fp.ranges]), stale)):
@@ -726,33 +922,24 @@ class Checker:
         cur = self._access((s.tid, 0, seq, ev, cop, False, g), "read")
         prev = None
         prev_tid = s.tid
-        prev_seq = gr.last_replay[0] if gr.last_replay else seq
+        prev_seq = gr.last_replay.seq if gr.last_replay else seq
         sh = self._shadow.get(st)
         if sh is not None:
             k = sh.find(stale[0][0])
             if k >= 0 and sh.states[k] is not None:
                 w = sh.states[k][0]
-                if w is not None and w[R_GRAPH] != g:
+                if w is not None and w[GRAPH] != g:
                     prev = self._access(w, "write")
-                    prev_tid, prev_seq = w[R_TL], w[R_SEQ]
+                    prev_tid, prev_seq = w[TL], w[SEQ]
         if prev is None and gr.last_replay is not None:
-            lseq, ltid, lev = gr.last_replay
+            lseq, ltid, lev = gr.last_replay      # a _Replay
             loc, fn, frames = _fmt_stack(lev.stack)
             prev = Access(op=f"replay of graph {g}", stream=self.timeline_name(ltid),
                           kind="replay", location=loc, function=fn, stack=frames, seq=lseq)
             prev_tid, prev_seq = ltid, lseq
-        rows = self._units(stale, nm, st)
-        unit = "rows" if nm is not None and nm[3] else ("elements" if nm is not None else "bytes")
-        detail = (f"{unit} {rows} of {tensor} were last written before the previous replay of "
-                  f"graph {g}; since then only {self._units(fresh, nm, st)} were rewritten, so "
-                  f"this replay reads stale values there ({where})")
-        f = Finding(
-            rule="RC006", tensor=tensor, current=cur, previous=prev,
-            suggestion=f"rewrite (e.g. zero) the padded {unit} {rows} of `{tensor}` before each replay",
-            detail=detail, approx=self._fp_approx_in(cop, st) or "",
-            context=self._context((prev_tid, s.tid), prev_seq, seq),
-            missing_edge=(prev.stream, cur.stream))
-        self.finding_set.add(f)
+        return Race("RC006", place, cur, prev, context=self._context((prev_tid, s.tid), prev_seq, seq),
+                    approx=self._fp_approx_in(cop, st) or "", graph=g,
+                    fresh=self._units(fresh, nm, st), index_use=index_use)
 
     # ---- names --------------------------------------------------------------------------------
 
@@ -762,13 +949,17 @@ class Checker:
         if lst is None:
             lst = self._names[ev.storage] = []
         self._name_order += 1
-        entry = [ev.lo, ev.hi, ev.name, ev.row_bytes or 0, ev.itemsize or 1, self._name_order]
+        entry = _Name(ev.lo, ev.hi, ev.name, ev.row_bytes or 0, ev.itemsize or 1, self._name_order)
         for i, e in enumerate(lst):
-            if e[0] == ev.lo and e[1] == ev.hi:
+            if e.lo == ev.lo and e.hi == ev.hi:
                 lst[i] = entry
                 break
         else:
             lst.append(entry)
+
+    def _on_stale_tolerant(self, ev, seq):
+        self._host(ev.thread)
+        self._tolerant[ev.storage] = iv_add(self._tolerant.get(ev.storage, []), ev.lo, ev.hi)
 
     def _on_name_timeline(self, ev, seq):
         self._host(ev.thread)
@@ -783,8 +974,8 @@ class Checker:
         """The most specific (smallest, then latest) named range overlapping [lo, hi)."""
         best = None
         for e in self._names.get(storage, ()):
-            if e[0] < hi and lo < e[1]:
-                if best is None or (e[1] - e[0], -e[5]) < (best[1] - best[0], -best[5]):
+            if e.lo < hi and lo < e.hi:
+                if best is None or (e.hi - e.lo, -e.order) < (best.hi - best.lo, -best.order):
                     best = e
         return best
 
@@ -792,24 +983,24 @@ class Checker:
         parts = []
         for lo, hi in ranges:
             if nm is not None:
-                a, b = max(lo, nm[0]), min(hi, nm[1])
+                a, b = max(lo, nm.lo), min(hi, nm.hi)
                 if a >= b:
                     a, b = lo, hi
-                size = nm[3] or nm[4] or 1
-                parts.append(_span_text((a - nm[0]) // size, (b - 1 - nm[0]) // size))
+                size = nm.row_bytes or nm.itemsize or 1
+                parts.append(_span_text((a - nm.lo) // size, (b - 1 - nm.lo) // size))
             else:
                 parts.append(_span_text(lo, hi - 1))
         return ", ".join(parts)
 
     def _describe(self, storage, ranges):
-        """(tensor name, 'rows 3..7 of `x` (bytes 24..63 of storage #5)', name entry)."""
+        """(Place of the ranges, name entry or None)."""
         lo, hi = ranges[0][0], ranges[-1][1]
         nm = self._name_for(storage, lo, hi)
         byte_text = ", ".join(_span_text(a, b - 1) for a, b in ranges)
         if nm is None and self.namer is not None:
             held = self.namer(storage, lo, hi)
             if held:
-                return held, f"bytes {byte_text} of `{held}` (storage #{storage})", None
+                return Place(held, storage, "bytes", byte_text, byte_text, True), None
         if nm is None:
             site = self._sites.get(storage)
             if site is not None:
@@ -818,20 +1009,19 @@ class Checker:
                 tensor = f"unnamed tensor (first used by {op}{' at ' + loc if loc else ''}; bytes {lo}..{hi - 1})"
             else:
                 tensor = f"unnamed tensor (bytes {lo}..{hi - 1})"
-            return tensor, f"bytes {byte_text} of storage #{storage}", None
-        unit = "rows" if nm[3] else "elements"
-        where = f"{unit} {self._units(ranges, nm, storage)} of `{nm[2]}` (bytes {byte_text} of storage #{storage})"
-        return nm[2], where, nm
+            return Place(tensor, storage, "bytes", byte_text, byte_text, False), None
+        unit = "rows" if nm.row_bytes else "elements"
+        return Place(nm.name, storage, unit, self._units(ranges, nm, storage), byte_text, True), nm
 
     # ---- findings -----------------------------------------------------------------------------
 
     def _race(self, prev, cur, pw, cw, fp, sh, lo, hi):
         """An unordered conflicting pair on [lo, hi) of sh's storage: note it for this event."""
-        if prev[R_HOST]:
-            if cur[R_HOST]:
+        if prev[HOST]:
+            if cur[HOST]:
                 return                      # host vs host: not our business
             rule = "RC004"
-        elif cur[R_HOST]:
+        elif cur[HOST]:
             rule = "RC004"
         elif not cw:
             rule = "RC001"
@@ -846,9 +1036,9 @@ class Checker:
         # position): a replay with seq >= born ran after the view was taken, one with seq < born
         # before it.
         born = fp.born
-        if w[R_SEQ] < born:
+        if w[SEQ] < born:
             return
-        gr = self._graphs.get(w[R_GRAPH])
+        gr = self._graphs.get(w[GRAPH])
         if gr is None or gr.first_replay is None or gr.first_replay >= born:
             return
         self._note("RC007", ("rc007", id(w), sh.storage), w, cur, True, False, fp, sh, lo, hi)
@@ -856,11 +1046,11 @@ class Checker:
     def _note(self, rule, key, prev, cur, pw, cw, fp, sh, lo, hi):
         pend = self._pend
         ent = pend.get(key)
-        if ent is not None and ent[0] != rule:
+        if ent is not None and ent.rule != rule:
             # the same previous access already races with this op under another rule (an
             # in-place op reads then writes): report the first rule only
             return
-        tl = self._tl.get(cur[R_TL])
+        tl = self._tl.get(cur[TL])
         qk = (rule, lo, hi, _site(cur), _site(prev), len(self._names.get(sh.storage, ())),
               len(tl.noop) if tl is not None and tl.noop else 0)
         seen = sh.seen
@@ -870,9 +1060,9 @@ class Checker:
         if new:
             seen.add(qk)
         if ent is None:
-            pend[key] = [rule, prev, cur, pw, cw, fp, [(lo, hi)] if new else [], sh]
+            pend[key] = _new(_Noted, (rule, prev, cur, pw, cw, fp, [(lo, hi)] if new else [], sh))
         elif new:
-            ent[6].append((lo, hi))
+            ent.segs.append((lo, hi))
 
     def _flush(self):
         pend = self._pend
@@ -884,7 +1074,7 @@ class Checker:
             groups = {}
             for lo, hi in segs:
                 nm = self._name_for(sh.storage, lo, hi)
-                k = nm[5] if nm is not None else None
+                k = nm.order if nm is not None else None
                 groups.setdefault(k, []).append((lo, hi))
             for ranges in groups.values():
                 ranges = iv_normalize(ranges)
@@ -894,95 +1084,71 @@ class Checker:
                     self._report_race(rule, prev, cur, pw, cw, fp, sh.storage, ranges)
 
     def _report_race(self, rule, prev, cur, pw, cw, fp, storage, ranges):
-        tensor, where, _nm = self._describe(storage, ranges)
-        p = self._access(prev, "write" if pw else "read")
-        c = self._access(cur, "write" if cw else "read")
-        if rule == "RC004":
-            suggestion = self._suggest_rc004(p, c, prev, cur, tensor)
-            detail = (f"{where}: the host {'read' if not (cw if cur[R_HOST] else pw) else 'write'} "
-                      f"on `{(c if cur[R_HOST] else p).stream}` is not ordered with the device "
-                      f"{(p if cur[R_HOST] else c).kind} by `{(p if cur[R_HOST] else c).op}` on "
-                      f"`{(p if cur[R_HOST] else c).stream}` (no synchronize on the copy's "
-                      f"stream or event in between)")
-        else:
-            suggestion = (f"record an event on `{p.stream}` after `{p.function or p.op}` and make "
-                          f"`{c.stream}` wait on it before `{c.function or c.op}` "
-                          f"({c.stream}.wait_event(e)), or {c.stream}.wait_stream({p.stream})")
-            detail = (f"{where}: the {c.kind} on `{c.stream}` is not ordered after the {p.kind} "
-                      f"on `{p.stream}` (no event wait, stream wait or host sync between them)")
-        approx = fp.approx or self._approx(prev, storage) or ""
-        if approx:
-            detail += f"; footprint approximate ({approx}): the access may touch fewer bytes"
-        f = Finding(rule=rule, tensor=tensor, current=c, previous=p, suggestion=suggestion,
-                    detail=detail, approx=approx,
-                    context=self._context((prev[R_TL], cur[R_TL]), prev[R_SEQ], cur[R_SEQ]),
-                    missing_edge=(p.stream, c.stream))
-        self.finding_set.add(f)
-        self._check_rc008(prev, cur, tensor, rule)
-
-    def _suggest_rc004(self, p, c, prev, cur, tensor):
-        if cur[R_HOST]:
-            if c.kind == "read":
-                return (f"synchronize on the copy (record an event after it on `{p.stream}` and "
-                        f"call event.synchronize()) before reading `{tensor}` on the host")
-            return (f"wait for the copy (event.synchronize()) before overwriting `{tensor}` on "
-                    f"the host, or copy from a separate buffer")
-        return (f"order the host {p.kind} of `{tensor}` on `{p.stream}` before `{c.function or c.op}` "
-                f"is issued on `{c.stream}` (join or signal the host thread `{p.stream}` before "
-                f"issuing it, or issue it from `{p.stream}`)")
+        place, _nm = self._describe(storage, ranges)
+        race = Race(rule, place, self._access(cur, "write" if cw else "read"),
+                    self._access(prev, "write" if pw else "read"),
+                    context=self._context((prev[TL], cur[TL]), prev[SEQ], cur[SEQ]),
+                    approx=fp.approx or self._approx(prev, storage) or "", host_current=cur[HOST])
+        self.finding_set.add(describe(race))
+        self._check_rc008(prev, cur, race)
 
     def _report_rc007(self, w, cur, fp, storage, ranges):
-        tensor, where, _nm = self._describe(storage, ranges)
-        p = self._access(w, "write")
-        c = self._access(cur, "read")
-        g = w[R_GRAPH]
-        f = Finding(
-            rule="RC007", tensor=tensor, current=c, previous=p,
-            suggestion="consume or .clone() the output before the next replay of the graph",
-            detail=(f"{where} was overwritten by a later replay of graph {g} (seq {w[R_SEQ]}) after "
-                    f"the view read here was taken (seq {fp.born}): it now holds that replay's "
-                    f"output, not the one the view was taken for"),
-            approx=fp.approx or "",
-            context=self._context((w[R_TL], cur[R_TL]), w[R_SEQ], cur[R_SEQ]),
-            missing_edge=(p.stream, c.stream))
-        self.finding_set.add(f)
+        place, _nm = self._describe(storage, ranges)
+        race = Race("RC007", place, self._access(cur, "read"), self._access(w, "write"),
+                    context=self._context((w[TL], cur[TL]), w[SEQ], cur[SEQ]),
+                    approx=fp.approx or "", graph=w[GRAPH], overwritten_at=w[SEQ], born=fp.born)
+        self.finding_set.add(describe(race))
 
-    def _check_rc008(self, prev, cur, tensor, rule):
-        b = self._tl.get(cur[R_TL])
+    def _check_rc008(self, prev, cur, race):
+        """No-op waits on the racing current side that were meant to order the pair: on an event
+        recorded only later (after the previous access), or on one never recorded at all (a
+        fresh Event, a stale handle) waited on after the previous access was issued."""
+        b = self._tl.get(cur[TL])
         if b is None or not b.noop:
             return
-        a_tid = prev[R_TL]
-        for event, (wseq, wstack, host) in list(b.noop.items()):
+        a_tid = prev[TL]
+        for event, (wseq, wstack, host) in list(b.noop.items()):    # _NoopWait
             r = self._records.get(event)
-            if r is None or r[0] != a_tid or r[1].get(a_tid, 0) < prev[R_CLOCK]:
-                continue
-            a_name = self.timeline_name(a_tid)
-            b_name = self.timeline_name(b.tid)
-            wloc, wfn, wframes = _fmt_stack(wstack)
-            rloc, rfn, rframes = _fmt_stack(r[3])
-            cur_acc = Access(op="event.synchronize" if host else "wait_event", stream=b_name,
-                             kind="wait", location=wloc, function=wfn, stack=wframes, seq=wseq)
-            prev_acc = Access(op="record", stream=a_name, kind="record", location=rloc,
-                              function=rfn, stack=rframes, seq=r[2])
-            how = (f"event #{event}.synchronize()" if host else f"`{b_name}`.wait_event(#{event})")
-            f = Finding(
-                rule="RC008", tensor=tensor, current=cur_acc, previous=prev_acc,
-                suggestion=(f"record event #{event} before waiting on it (move the wait"
-                            f"{' at ' + wloc if wloc else ''} after `e.record({a_name})`"
-                            f"{' at ' + rloc if rloc else ''}): a wait on an event that was "
-                            f"never recorded does nothing"),
-                detail=(f"{how} ran before event #{event} was ever recorded, so it was a no-op; the "
-                        f"later record on `{a_name}` covers the access {rule} reports on "
-                        f"`{tensor}`, so the wait was meant to order it"),
-                context=self._context((a_tid, b.tid), min(wseq, prev[R_SEQ]), cur[R_SEQ]),
-                missing_edge=(a_name, b_name))
-            self.finding_set.add(f)
+            if r is None:
+                if wseq > prev[SEQ]:
+                    self._report_rc008(prev, cur, race, event, wseq, wstack, host, None)
+            elif r.tl == a_tid and r.vc.get(a_tid, 0) >= prev[CLOCK]:
+                self._report_rc008(prev, cur, race, event, wseq, wstack, host, r)
+
+    def _report_rc008(self, prev, cur, race, event, wseq, wstack, host, r):
+        b_tid = cur[TL]
+        wloc, wfn, wframes = _fmt_stack(wstack)
+        wait = Access(op="event.synchronize" if host else "wait_event",
+                      stream=self.timeline_name(b_tid), kind="wait", location=wloc, function=wfn,
+                      stack=wframes, seq=wseq)
+        ctx = self._context((prev[TL], b_tid), min(wseq, prev[SEQ]), cur[SEQ])
+        if r is not None:
+            rloc, rfn, rframes = _fmt_stack(r.stack)
+            record = Access(op="record", stream=self.timeline_name(r.tl), kind="record",
+                            location=rloc, function=rfn, stack=rframes, seq=r.seq)
+            noop = Race("RC008", race.place, wait, record, context=ctx, event=event,
+                        host_wait=host, related=race.rule)
+        else:
+            noop = Race("RC008", race.place, wait, race.previous, context=ctx, event=event,
+                        host_wait=host, related=race.rule, never_recorded=True,
+                        instead=self._recorded_instead(prev, wseq))
+        self.finding_set.add(describe(noop))
+
+    def _recorded_instead(self, prev, before):
+        """The first event recorded on prev's stream after it (and before `before`), if any."""
+        a_tid, clock = prev[TL], prev[CLOCK]
+        best = None
+        for event, r in self._records.items():
+            if r.tl == a_tid and r.vc.get(a_tid, 0) >= clock and r.seq < before:
+                if best is None or r.seq < best[1]:
+                    best = (event, r.seq)
+        return best[0] if best is not None else None
 
     def _access(self, rec, kind) -> Access:
-        ev = rec[R_EV]
-        sub = rec[R_SUB]
+        ev = rec[EV]
+        sub = rec[SUB]
         if sub is not None:
-            op = f"{sub.op} (replay of graph {rec[R_GRAPH]})"
+            op = f"{sub.op} (replay of graph {rec[GRAPH]})"
             outer, inner = tuple(ev.stack or ()), tuple(sub.stack or ())
             if len(outer) + len(inner) > MAX_STACK:      # keep some of both
                 keep = min(len(inner), MAX_STACK // 2)
@@ -992,8 +1158,8 @@ class Checker:
             op = getattr(ev, "op", "") or type(ev).kind
             stack = ev.stack or ()
         loc, fn, frames = _fmt_stack(stack)
-        return Access(op=op, stream=self.timeline_name(rec[R_TL]), kind=kind, location=loc,
-                      function=fn, stack=frames, seq=rec[R_SEQ])
+        return Access(op=op, stream=self.timeline_name(rec[TL]), kind=kind, location=loc,
+                      function=fn, stack=frames, seq=rec[SEQ])
 
     @staticmethod
     def _fp_approx_in(obj, storage):
@@ -1010,8 +1176,8 @@ class Checker:
         return None
 
     def _approx(self, rec, storage):
-        sub = rec[R_SUB]
-        return self._fp_approx_in(sub if sub is not None else rec[R_EV], storage)
+        sub = rec[SUB]
+        return self._fp_approx_in(sub if sub is not None else rec[EV], storage)
 
     def _context(self, tids, start_seq, end_seq) -> tuple:
         """Recent events on the involved timelines (and sync edges into them), oldest first."""
@@ -1027,9 +1193,9 @@ class Checker:
                 continue
             before = []
             for e in tl.ctx:
-                if len(e) != 5:
+                if type(e) is not _Ctx:
                     e = _ctx_entry(e)
-                s = e[0]
+                s = e.seq
                 if s > end_seq:
                     break
                 if s < start_seq:
@@ -1041,20 +1207,20 @@ class Checker:
             if tl.tid in tset:
                 continue
             for e in tl.ctx:
-                if len(e) != 5:
+                if type(e) is not _Ctx:
                     continue            # a kernel or a free: no peer
-                if start_seq <= e[0] <= end_seq and e[3] in tset:
+                if start_seq <= e.seq <= end_seq and e.peer in tset:
                     items.append((e, tl.tid))
-        items.sort(key=lambda x: x[0][0])
+        items.sort(key=lambda x: x[0].seq)
         if len(items) > CONTEXT_CAP:
-            pre = [x for x in items if x[0][0] < start_seq]
-            mid = [x for x in items if x[0][0] >= start_seq]
+            pre = [x for x in items if x[0].seq < start_seq]
+            mid = [x for x in items if x[0].seq >= start_seq]
             room = CONTEXT_CAP - len(pre)
             if len(mid) > room:
                 head = room // 3
                 mid = mid[:head] + mid[len(mid) - (room - head):]
             items = pre + mid
         name = self.timeline_name
-        return tuple(ContextEvent(seq=e[0], timeline=name(t), kind=e[1], label=e[2],
-                                  peer=name(e[3]) if e[3] is not None else "", edge=e[4])
+        return tuple(ContextEvent(seq=e.seq, timeline=name(t), kind=e.kind, label=e.label,
+                                  peer=name(e.peer) if e.peer is not None else "", edge=e.edge)
                      for e, t in items)

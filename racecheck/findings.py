@@ -1,22 +1,17 @@
 """Findings: what the checker concludes, in the terms an engine developer reads.
 
-Reports read only these objects (or their JSON form), never the trace or the checker.
+The checker emits a `Race` (the structured conclusion: rule, the bytes, both accesses, the facts
+its rule needs, no prose), and `describe(race)` turns it into a `Finding` with its detail and its
+suggested fix, as ThreadSanitizer separates ReportDesc from report printing. Reports read only
+Findings (or their JSON form), never the trace or the checker.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-RULES = {
-    "RC001": ("read-after-write", "read after write on another stream, unordered"),
-    "RC002": ("write-after-read", "write after read on another stream, unordered"),
-    "RC003": ("write-after-write", "write after write on another stream, unordered"),
-    "RC004": ("host-device", "host and device unordered on host memory"),
-    "RC005": ("allocator-reuse", "memory freed for reuse while another stream's access is unordered (missing record_stream)"),
-    "RC006": ("stale-graph-input", "graph replay reads per-replay input elements not rewritten since the previous replay"),
-    "RC007": ("graph-output-overwritten", "graph output read after a later replay of the same graph overwrote it"),
-    "RC008": ("wait-before-record", "wait on an event never recorded (a no-op wait) that something relied on"),
-    "DIFF": ("differential", "outputs differ from a serialized eager run of the same inputs"),
-}
+from . import rules
+from .rules import RULES  # noqa: F401  (re-exported: ids in table order)
+
 
 
 @dataclass(frozen=True)
@@ -67,7 +62,7 @@ class Finding:
 
     @property
     def title(self) -> str:
-        return RULES.get(self.rule, ("", self.rule))[1]
+        return rules.get(self.rule).title
 
     @property
     def signature(self) -> tuple:
@@ -121,3 +116,168 @@ class FindingSet:
 
     def __len__(self):
         return len(self.items)
+
+
+# ---- the checker's structured conclusions, and their prose --------------------------------------
+
+@dataclass(frozen=True)
+class Place:
+    """The bytes a finding is about, in the tensor's own units where it has a name."""
+
+    tensor: str                  # "seq_lens", or "unnamed tensor (first used by ...)"
+    storage: int
+    unit: str                    # "rows" | "elements" | "bytes" (no shape known)
+    spans: str                   # "3..7, 9" in `unit`
+    byte_spans: str              # "24..63"
+    named: bool                  # a name the program gave or the object holding the tensor
+
+    def where(self) -> str:
+        if not self.named:
+            return f"bytes {self.byte_spans} of storage #{self.storage}"
+        if self.unit == "bytes":
+            return f"bytes {self.byte_spans} of `{self.tensor}` (storage #{self.storage})"
+        return (f"{self.unit} {self.spans} of `{self.tensor}` "
+                f"(bytes {self.byte_spans} of storage #{self.storage})")
+
+
+@dataclass(frozen=True)
+class Race:
+    """A conclusion of the checker before any prose: the rule, the bytes, the two accesses (the
+    missing edge runs from `previous`'s timeline to `current`'s) and the facts its rule needs."""
+
+    rule: str
+    place: Place
+    current: Access
+    previous: Access
+    context: tuple = ()
+    approx: str = ""
+    host_current: bool = False   # RC004: the host side is the current access
+    freer: str = ""              # RC005: the host timeline that dropped the tensor
+    reuse: tuple = ()            # RC005: (op, location) the pool's stream issued before waiting
+    trace_end: bool = False      # RC005: still open when the trace ends
+    graph: object = None         # RC006, RC007
+    fresh: str = ""              # RC006: what was rewritten since the previous replay
+    index_use: tuple = ()        # RC006: (op, indexed memory) of a stale declared-tolerant index
+    overwritten_at: int = -1     # RC007: seq of the replay that overwrote the output
+    born: int = -1               # RC007: seq at which the view was taken
+    event: object = None         # RC008: the waited event
+    host_wait: bool = False      # RC008: event.synchronize() rather than wait_event
+    related: str = ""            # RC008: the rule of the race the wait was meant to prevent
+    never_recorded: bool = False  # RC008: the waited event was never recorded at all
+    instead: object = None       # RC008: the event that was recorded instead, if known
+
+
+def _by(a: Access) -> str:
+    """How a fix names an access: its function; top-level code (`<module>`, a `<lambda>`) by
+    file:line, which says where to put the synchronization; else the op."""
+    if a.function and not a.function.startswith("<"):
+        return a.function
+    return a.location or a.function or a.op
+
+
+def _race_texts(r: Race):
+    c, p = r.current, r.previous
+    detail = (f"{r.place.where()}: the {c.kind} on `{c.stream}` is not ordered after the {p.kind} "
+              f"on `{p.stream}` (no event wait, stream wait or host sync between them)")
+    fix = (f"record an event on `{p.stream}` after `{_by(p)}` and make `{c.stream}` wait on it "
+           f"before `{_by(c)}` ({c.stream}.wait_event(e)), or {c.stream}.wait_stream({p.stream})")
+    return detail, fix
+
+
+def _host_device_texts(r: Race):
+    c, p, tensor = r.current, r.previous, r.place.tensor
+    host, dev = (c, p) if r.host_current else (p, c)
+    detail = (f"{r.place.where()}: the host {host.kind} on `{host.stream}` is not ordered with the "
+              f"device {dev.kind} by `{dev.op}` on `{dev.stream}` (no synchronize on the copy's "
+              f"stream or event in between)")
+    if not r.host_current:
+        fix = (f"order the host {p.kind} of `{tensor}` on `{p.stream}` before `{_by(c)}` is issued "
+               f"on `{c.stream}` (join or signal the host thread `{p.stream}` before issuing it, or "
+               f"issue it from `{p.stream}`)")
+    elif c.kind == "read":
+        fix = (f"synchronize on the copy (record an event after it on `{p.stream}` and call "
+               f"event.synchronize()) before reading `{tensor}` on the host")
+    else:
+        fix = (f"wait for the copy (event.synchronize()) before overwriting `{tensor}` on the host, "
+               f"or copy from a separate buffer")
+    return detail, fix
+
+
+def _reuse_texts(r: Race):
+    c, p, tensor = r.current, r.previous, r.place.tensor
+    detail = (f"{r.place.where()} freed by `{r.freer}` back to `{c.stream}`'s pool while the "
+              f"{p.kind} by `{p.op}` on `{p.stream}` is not ordered before the free; a new "
+              f"allocation on `{c.stream}` may reuse the bytes under it")
+    if r.reuse:
+        op, loc = r.reuse
+        detail += (f"; `{c.stream}` then issued `{op}`{' at ' + loc if loc else ''} before "
+                   f"waiting for `{p.stream}`")
+    elif r.trace_end:
+        detail += f"; the trace ends with `{c.stream}` still not ordered after it"
+    fix = (f"call `{tensor}.record_stream({p.stream})` before freeing it, or keep a reference "
+           f"until `{p.stream}`'s work completes")
+    return detail, fix
+
+
+def _stale_input_texts(r: Race):
+    pl = r.place
+    detail = (f"{pl.unit} {pl.spans} of {pl.tensor} were last written before the previous replay of "
+              f"graph {r.graph}; since then only {r.fresh} were rewritten, so this replay reads "
+              f"stale values there ({pl.where()})")
+    if r.index_use:
+        op, into = r.index_use
+        detail += (f"; they are declared stale-tolerant, but `{op}` uses them as indices into "
+                   f"{into}, which the run writes after the graph's capture")
+    fix = f"rewrite (e.g. zero) the padded {pl.unit} {pl.spans} of `{pl.tensor}` before each replay"
+    return detail, fix
+
+
+def _overwritten_output_texts(r: Race):
+    detail = (f"{r.place.where()} was overwritten by a later replay of graph {r.graph} (seq "
+              f"{r.overwritten_at}) after the view read here was taken (seq {r.born}): it now holds "
+              f"that replay's output, not the one the view was taken for")
+    return detail, "consume or .clone() the output before the next replay of the graph"
+
+
+def _noop_wait_texts(r: Race):
+    c, p, e, tensor = r.current, r.previous, r.event, r.place.tensor
+    how = f"event #{e}.synchronize()" if r.host_wait else f"`{c.stream}`.wait_event(#{e})"
+    wat = f" at {c.location}" if c.location else ""
+    if r.never_recorded:
+        detail = (f"{how}{wat} waited on event #{e}, which was never recorded, so it was a no-op; "
+                  f"it ran after the {p.kind} by `{p.op}` on `{p.stream}` that {r.related} reports "
+                  f"on `{tensor}`, so the wait was meant to order it")
+        if r.instead is not None:
+            detail += f" (event #{r.instead} was recorded on `{p.stream}` instead)"
+            fix = (f"wait on the event that is recorded (#{r.instead}, e.g. a handle refreshed "
+                   f"after the producer swapped events) instead of #{e}{wat}")
+        else:
+            fix = (f"record event #{e} on `{p.stream}` after `{_by(p)}` before waiting on it{wat}: "
+                   f"a wait on an event that was never recorded does nothing")
+        return detail, fix
+    rat = f" at {p.location}" if p.location else ""
+    detail = (f"{how} ran before event #{e} was ever recorded, so it was a no-op; the later record "
+              f"on `{p.stream}` covers the access {r.related} reports on `{tensor}`, so the wait "
+              f"was meant to order it")
+    fix = (f"record event #{e} before waiting on it (move the wait{wat} after "
+           f"`e.record({p.stream})`{rat}): a wait on an event that was never recorded does nothing")
+    return detail, fix
+
+
+_TEXTS = {"RC001": _race_texts, "RC002": _race_texts, "RC003": _race_texts,
+          "RC004": _host_device_texts, "RC005": _reuse_texts, "RC006": _stale_input_texts,
+          "RC007": _overwritten_output_texts, "RC008": _noop_wait_texts}
+_NOTE_APPROX = {"RC001", "RC002", "RC003", "RC004"}
+
+
+def describe(r: Race) -> Finding:
+    """The Finding for a Race: its detail and the smallest synchronization that would fix it."""
+    detail, fix = _TEXTS[r.rule](r)
+    if r.approx and r.rule in _NOTE_APPROX:
+        detail += f"; footprint approximate ({r.approx}): the access may touch fewer bytes"
+    return Finding(rule=r.rule, tensor=r.place.tensor, current=r.current, previous=r.previous,
+                   suggestion=fix, detail=detail, approx=r.approx, context=r.context,
+                   missing_edge=(r.previous.stream, r.current.stream))
+
+
+__all__ = ["Access", "ContextEvent", "Finding", "FindingSet", "Place", "Race", "describe"]

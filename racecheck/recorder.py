@@ -12,7 +12,8 @@ import threading
 import traceback
 
 from .checker import Checker
-from .trace import Free, HostSync, NameTimeline, StreamWaitEvent, StreamWaitStream, Trace
+from .trace import (Copy, Free, GraphReplay, HostSync, Kernel, NameTimeline, StreamWaitEvent,
+                    StreamWaitStream, Trace)
 
 # Events reach the checker in batches of this many (or sooner, when anything reads its results):
 # one tight loop over the checker's code and state costs far less than one visit per op.
@@ -222,11 +223,13 @@ class Recorder:
         self._unresolved = 0
 
     # -- storage deaths -------------------------------------------------------------------------
-    def set_liveness_poll(self, poll, before=(HostSync, StreamWaitEvent, StreamWaitStream)) -> None:
+    def set_liveness_poll(self, poll, before=(HostSync, StreamWaitEvent, StreamWaitStream, Kernel,
+                                              Copy, GraphReplay)) -> None:
         """Executor hook (queued execution): `poll()` returns ids of storages the program has
         dropped while queued work still holds them. Polled before each event of a type in
-        `before` (those that change the clocks a Free is checked against), so their Free reaches
-        the checker where it would with eager execution, and not again when they really die."""
+        `before` (those that change the clocks a Free is checked against, and device work, which
+        settles RC005 on the freed block's stream), so their Free reaches the checker where it
+        would with eager execution, and not again when they really die."""
         self._liveness = poll
         self._liveness_before = tuple(before)
 

@@ -13,7 +13,7 @@ import threading
 from .devices import DEVICES
 from .errors import UsageError
 from .recorder import Recorder
-from .trace import NameTensor, NameTimeline
+from .trace import NameTensor, NameTimeline, StaleTolerant
 
 _active = None
 _active_lock = threading.Lock()
@@ -106,6 +106,16 @@ class Session:
         r = self.recorder
         r.emit(NameTensor(r.thread_tid(), fp.storage, lo, hi, str(name), row_bytes,
                           t.element_size(), ()))
+
+    def stale_tolerant(self, t) -> None:
+        """Declare `t`'s bytes (a graph's per-replay input) stale-tolerant: see racecheck.stale_tolerant."""
+        import torch
+        if not isinstance(t, torch.Tensor) or t.numel() == 0:
+            return
+        fp = self.backend.footprints.of(t)
+        r = self.recorder
+        r.emit(StaleTolerant(r.thread_tid(), fp.storage, min(x[0] for x in fp.ranges),
+                             max(x[1] for x in fp.ranges), ()))
 
     def name_stream(self, stream, name: str) -> None:
         tid = self.backend.stream_of(stream)

@@ -52,9 +52,12 @@ class Footprint:
     had to cover more than the access really touches ("strided view", "index values unknown").
     `born` is the trace position at which the accessing view was created, when the instrumentation
     knows it: it lets the checker tell a view taken before a graph replay from one taken after.
+    `index_into` is set on a read whose values the op uses as indices (an index role): the storage
+    they select rows of, so that a stale index can be told from stale data (RC006).
     """
 
-    __slots__ = ("storage", "ranges", "host", "approx", "born")
+    __slots__ = ("storage", "ranges", "host", "approx", "born", "_as_index")
+    index_into = None       # an IndexFootprint's slot; ordinary footprints pay nothing for it
 
     def __init__(self, storage: int, ranges: Ranges, host: bool = False,
                  approx: str | None = None, born: int | None = None):
@@ -63,6 +66,18 @@ class Footprint:
         self.host = host
         self.approx = approx
         self.born = born
+
+    def as_index_into(self, storage: int) -> "Footprint":
+        """This read in an index role into `storage` (a copy, kept: footprints are cached per
+        tensor, and an index tensor is often used again the same way)."""
+        try:
+            m = self._as_index
+        except AttributeError:
+            m = None
+        if m is None or m.index_into != storage:
+            m = self._as_index = IndexFootprint(self.storage, self.ranges, self.host, self.approx,
+                                                self.born, storage)
+        return m
 
     def nbytes(self) -> int:
         return sum(hi - lo for lo, hi in self.ranges)
@@ -75,6 +90,8 @@ class Footprint:
             d["approx"] = self.approx
         if self.born is not None:
             d["born"] = self.born
+        if self.index_into is not None:
+            d["index_into"] = self.index_into
         return d
 
     @classmethod
@@ -83,14 +100,26 @@ class Footprint:
         for lo, hi in ranges:
             if lo < 0 or hi < lo:
                 raise ValueError(f"bad byte range [{lo}, {hi})")
-        return cls(int(d["storage"]), ranges, bool(d.get("host", False)), d.get("approx"),
-                   d.get("born"))
+        into = d.get("index_into")
+        fp = Footprint(int(d["storage"]), ranges, bool(d.get("host", False)), d.get("approx"),
+                       d.get("born"))
+        return fp if into is None else fp.as_index_into(int(into))
 
     def __eq__(self, other):
         return isinstance(other, Footprint) and self.to_json() == other.to_json()
 
     def __repr__(self):
         return f"Footprint({self.to_json()})"
+
+
+class IndexFootprint(Footprint):
+    """A read whose values an index op uses as indices into storage `index_into`."""
+
+    __slots__ = ("index_into",)
+
+    def __init__(self, storage, ranges, host=False, approx=None, born=None, index_into=None):
+        super().__init__(storage, ranges, host, approx, born)
+        self.index_into = index_into
 
 
 class Event:
@@ -298,6 +327,19 @@ class NameTensor(Event):
         self.row_bytes, self.itemsize, self.stack = row_bytes, itemsize, stack
 
 
+class StaleTolerant(Event):
+    """`racecheck.stale_tolerant(t)`: bytes [lo, hi) of `storage`, a graph's per-replay input, may
+    hold stale values in rows a replay does not refresh (padding whose results are discarded).
+    A stale value there used as an index into memory the run mutates is still RC006."""
+
+    __slots__ = ("storage", "lo", "hi")
+    kind = "stale_tolerant"
+    fields = ("storage", "lo", "hi")
+
+    def __init__(self, thread, storage, lo, hi, stack=()):
+        self.thread, self.storage, self.lo, self.hi, self.stack = thread, storage, lo, hi, stack
+
+
 class NameTimeline(Event):
     """Human name of a timeline: a stream ("plan_stream", "default") or a host thread."""
 
@@ -312,7 +354,7 @@ class NameTimeline(Event):
 
 EVENT_TYPES = {cls.kind: cls for cls in (
     Kernel, Copy, EventRecord, StreamWaitEvent, StreamWaitStream, HostSync, HostAccess, Alloc,
-    Free, RecordStream, GraphCapture, GraphReplay, NameTensor, NameTimeline)}
+    Free, RecordStream, GraphCapture, GraphReplay, NameTensor, StaleTolerant, NameTimeline)}
 
 _FOOTPRINT_FIELDS = {"reads", "writes"}
 _SINGLE_FOOTPRINT_FIELDS = {"src", "dst"}

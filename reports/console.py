@@ -12,14 +12,15 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from racecheck.findings import RULES, Access, Finding
+from racecheck import rules
+from racecheck.findings import Access, Finding
 
 STACK_DEPTH = 4  # frames per access: enough to see the caller chain, short enough to scan
 
 
 def rule_heading(f: Finding) -> Text:
     """`RC001 read-after-write on mrope_positions`: short enough for a panel title."""
-    short = RULES.get(f.rule, (f.rule.lower(), f.rule))[0]
+    short = rules.get(f.rule).name
     t = Text()
     t.append(f.rule, style="bold red")
     t.append(f" {short}", style="bold")
@@ -151,7 +152,7 @@ def plain_text(findings) -> str:
     findings = list(findings)
     out = []
     for f in findings:
-        out.append(f"{f.rule} {RULES.get(f.rule, (f.rule, ''))[0]} on `{f.tensor}` [{f.fingerprint()}]")
+        out.append(f"{f.rule} {rules.get(f.rule).name} on `{f.tensor}` [{f.fingerprint()}]")
         out.append(f"  {f.title}")
         for label, a in (("current", f.current), ("previous", f.previous)):
             out.append(f"  {label}: {a.describe()}")

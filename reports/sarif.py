@@ -6,11 +6,14 @@ marked, for a full archival log.
 """
 from __future__ import annotations
 
+import functools
 import json
 
-from racecheck.findings import RULES, Access, Finding
+from racecheck import rules
+from racecheck.findings import Access, Finding
+from racecheck.rules import RULES
 
-from ._common import RULE_HELP, relative_uri, rule_name, rule_title, split_frame, split_location
+from ._common import relative_uri, rule_name, split_frame, split_location
 from .json_report import tool_info
 
 SCHEMA_URI = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -18,38 +21,21 @@ FINGERPRINT_KEY = "racecheck/v1"
 MAX_FLOW_FRAMES = 20
 
 
+@functools.lru_cache(maxsize=None)
 def rule_descriptor(rule: str) -> dict:
-    title = rule_title(rule)
-    full = {
-        "RC001": "A read on one stream of memory written on another stream, with no happens-before edge "
-                 "(event record/wait, wait_stream or host synchronization) between the write and the read.",
-        "RC002": "A write on one stream of memory read on another stream, with no happens-before edge between "
-                 "the read and the write: the read may see the new value.",
-        "RC003": "Two writes to the same memory on different streams with no happens-before edge: the final "
-                 "value depends on timing.",
-        "RC004": "Host code and a device operation touch the same host (pinned) memory unordered, e.g. a "
-                 "non-blocking D2H result read before the copy completed or an H2D source reused too early.",
-        "RC005": "The caching allocator reuses memory freed on one stream while another stream's access to it "
-                 "is still unordered (missing record_stream or keep-alive).",
-        "RC006": "A CUDA-graph replay reads elements of a per-replay input buffer (e.g. padding rows) that were "
-                 "not rewritten since the previous replay, so it sees stale values.",
-        "RC007": "A graph output is read after a later replay of the same graph overwrote it.",
-        "RC008": "A stream waits on an event that was never recorded; the wait is a no-op, yet later accesses "
-                 "relied on the ordering it was meant to provide.",
-        "DIFF": "The overlapped (streams, graphs, delays) pipeline produced outputs different from a serialized "
-                "eager run of the same inputs.",
-    }.get(rule, title)
-    help_text = RULE_HELP.get(rule, "See the finding's suggestion.")
+    """The SARIF reportingDescriptor of a rule, built once from racecheck.rules (do not mutate)."""
+    r = rules.get(rule)
+    public = not r.internal
     return {
-        "id": rule,
-        "name": rule_name(rule),
-        "shortDescription": {"text": title[:1024]},
-        "fullDescription": {"text": full[:1024]},
-        "help": {"text": help_text, "markdown": f"**{rule} {rule_name(rule)}**: {full}\n\n**Fix:** {help_text}"},
+        "id": r.id,
+        "name": r.name,
+        "shortDescription": {"text": r.title[:1024]},
+        "fullDescription": {"text": r.description[:1024]},
+        "help": {"text": r.help, "markdown": f"**{r.id} {r.name}**: {r.description}\n\n**Fix:** {r.help}"},
         "defaultConfiguration": {"level": "error"},
         "properties": {
-            "tags": ["concurrency", "gpu", "race"] if rule != "DIFF" else ["concurrency", "gpu", "differential"],
-            "precision": "high" if rule != "DIFF" else "medium",
+            "tags": ["concurrency", "gpu", "race"] if public else ["concurrency", "gpu", "differential"],
+            "precision": "high" if public else "medium",
             "problem.severity": "error",
         },
     }
@@ -154,10 +140,9 @@ def to_sarif(findings, meta: dict | None = None, *, suppressed=(), baselined=(),
     """A SARIF log with one run; `suppressed`/`baselined` are only for a full (non-upload) log."""
     meta = dict(meta or {})
     root = root or meta.get("root")
-    rules = list(RULES)
-    extra = sorted({f.rule for f in [*findings, *suppressed, *baselined]} - set(rules))
-    rules += extra
-    rule_index = {r: i for i, r in enumerate(rules)}
+    ids = list(RULES)
+    ids += sorted({f.rule for f in [*findings, *suppressed, *baselined]} - set(ids))
+    rule_index = {r: i for i, r in enumerate(ids)}
     info = tool_info()
     results = [result(f, rule_index, root, meta) for f in findings]
     results += [result(f, rule_index, root, meta, "suppressed") for f in suppressed]
@@ -167,7 +152,7 @@ def to_sarif(findings, meta: dict | None = None, *, suppressed=(), baselined=(),
             "name": "racecheck",
             "semanticVersion": info["version"],
             "version": info["version"],
-            "rules": [rule_descriptor(r) for r in rules],
+            "rules": [rule_descriptor(r) for r in ids],
         }},
         "results": results,
         "columnKind": "unicodeCodePoints",

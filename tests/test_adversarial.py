@@ -255,10 +255,11 @@ def test_a_dropped_tensor_is_freed_where_the_program_dropped_it():
         s.wait_stream(dm.current_stream())
         with dm.stream(s):
             u = t * 2                                  # used on s, no record_stream
-        del t                                          # freed here, s's read unordered: RC005
-        dm.current_stream().wait_stream(s)             # orders it only after the free
+        del t                                          # freed here, s's read unordered ...
+        v = torch.zeros(64)                            # ... and the pool's stream goes on: RC005
+        dm.current_stream().wait_stream(s)             # orders it only after that
         dm.synchronize()
-        return u
+        return u, v
 
     with racecheck.session(device="sim") as rc:
         program(rc.device_module)

@@ -436,6 +436,52 @@ def test_noop_wait_not_relied_on_gives_no_rc008():
     assert rules(tb2.findings()) == [("RC001", "x")]
 
 
+def test_rc008_wait_on_an_event_never_recorded():
+    tb = synced(TB(), (X, "x"))
+    tb.k(S, w=[fp(X)], op="fill_", fn="draft")
+    wait_seq = tb.wait(D, 9)                     # a fresh Event(): never recorded at all
+    tb.k(D, r=[fp(X)], w=[fp(Y)], op="mul", fn="verify")
+    fs = tb.findings()
+    assert rules(fs) == [("RC001", "x"), ("RC008", "x")]
+    f = fs[1]
+    assert f.current.op == "wait_event" and f.current.seq == wait_seq
+    assert f.previous.op == "fill_" and f.previous.stream == "s" and f.previous.kind == "write"
+    assert "event #9, which was never recorded" in f.detail and "RC001" in f.detail
+    assert "record event #9 on `s` after `draft` before waiting on it" in f.suggestion
+    assert f.missing_edge == ("s", "default")
+
+
+def test_rc008_names_the_event_recorded_instead():
+    tb = synced(TB(), (X, "x"))
+    tb.k(S, w=[fp(X)], op="fill_", fn="draft")
+    tb.record(4, S)                              # the producer swapped in a new event ...
+    tb.wait(D, 9)                                # ... the consumer kept the stale handle
+    tb.k(D, r=[fp(X)], w=[fp(Y)], op="mul")
+    fs = tb.findings()
+    assert rules(fs) == [("RC001", "x"), ("RC008", "x")]
+    assert "event #4 was recorded on `s` instead" in fs[1].detail
+    assert "wait on the event that is recorded (#4" in fs[1].suggestion
+
+
+def test_rc008_never_recorded_needs_the_wait_after_the_access_and_a_race():
+    tb = synced(TB(), (X, "x"))
+    tb.wait(D, 9)                                # before the write: could not have ordered it
+    tb.k(S, w=[fp(X)], op="fill_")
+    tb.k(D, r=[fp(X)], w=[fp(Y)], op="mul")
+    assert rules(tb.findings()) == [("RC001", "x")]
+    tb2 = synced(TB(), (X, "x"))
+    tb2.k(S, w=[fp(X)], op="fill_")
+    tb2.wait(D, 9)                               # a no-op wait, but the pair is ordered anyway
+    tb2.wait_stream(D, S)
+    tb2.k(D, r=[fp(X)], w=[fp(Y)], op="mul")
+    assert tb2.findings() == []
+    tb3 = synced(TB(), (X, "x"))
+    tb3.k(S, w=[fp(X)], op="fill_")
+    tb3.wait(S2, 9)                              # the no-op wait is on another stream
+    tb3.k(D, r=[fp(X)], w=[fp(Y)], op="mul")
+    assert rules(tb3.findings()) == [("RC001", "x")]
+
+
 def test_host_event_sync_before_record_rc008():
     tb = synced(TB(), (X, "x"))
     tb.tensor(HB, 32, "h", host=True)
@@ -526,6 +572,72 @@ def test_p19_p20_free_without_and_with_record_stream():
     assert run(True) == []
     assert run(False, host_sync=True) == []
     assert run(False, wait=True) == []         # the allocation stream waited: ordered
+
+
+def _free_then(after):
+    """t allocated on D, read on S, freed unordered; then `after(tb)`; findings."""
+    tb = TB()
+    tb.tensor(X, 32, "t", stream=D)
+    tb.k(D, w=[fp(X)], op="ones")
+    tb.sync()
+    tb.k(S, r=[fp(X)], w=[fp(Y)], op="mul", fn="side_work")
+    tb.free(X)
+    after(tb)
+    return tb.findings()
+
+
+def test_rc005_reported_when_the_pool_stream_works_before_waiting():
+    fs = _free_then(lambda tb: (tb.k(D, w=[fp(Z)], op="reuse", fn="next_step"),
+                                tb.wait_stream(D, S)))
+    assert rules(fs) == [("RC005", "t")]
+    assert "`default` then issued `reuse` at model.py" in fs[0].detail
+    assert fs[0].previous.op == "mul" and fs[0].current.kind == "free"
+
+
+def test_rc005_closes_when_the_pool_stream_waits_before_working():
+    assert _free_then(lambda tb: (tb.wait_stream(D, S), tb.k(D, w=[fp(Z)], op="reuse"))) == []
+    assert _free_then(lambda tb: (tb.record(7, S), tb.wait(D, 7), tb.k(D, w=[fp(Z)]))) == []
+    # a host sync with the reading stream: the next launch on the pool's stream joins it
+    assert _free_then(lambda tb: (tb.sync("stream", S), tb.k(D, w=[fp(Z)]))) == []
+    # work on other streams does not reuse the default stream's pool
+    assert _free_then(lambda tb: (tb.k(S2, w=[fp(Z)]), tb.wait_stream(D, S))) == []
+
+
+def test_rc005_open_at_the_end_of_the_trace():
+    fs = _free_then(lambda tb: None)
+    assert rules(fs) == [("RC005", "t")]
+    assert "the trace ends with `default` still not ordered after it" in fs[0].detail
+    # ordered by the end, though no work followed: closed
+    assert _free_then(lambda tb: tb.wait_stream(D, S)) == []
+    assert _free_then(lambda tb: tb.sync()) == []
+
+
+def test_rc005_open_hazard_is_not_kept_once_settled():
+    tb = TB()
+    tb.tensor(X, 32, "t", stream=D)
+    tb.k(D, w=[fp(X)], op="ones")
+    tb.sync()
+    tb.k(S, r=[fp(X)], w=[fp(Y)], op="mul")
+    tb.free(X)
+    c = tb.check()
+    assert rules(c.findings) == [("RC005", "t")]       # open: reported as of now
+    tb2 = TB()
+    tb2.events = list(tb.events)
+    tb2.wait_stream(D, S)
+    tb2.k(D, w=[fp(Z)], op="later")
+    assert tb2.findings() == []                          # the same trace, caught up later
+
+
+def test_plan_stream_freeing_temporaries_then_waiting_is_clean():
+    tb = TB()
+    for i in range(3):
+        tb.tensor(100 + i, 32, f"tmp{i}", stream=S)
+        tb.k(S, w=[fp(100 + i)], op="plan")              # planned on s (its pool)
+        tb.wait_stream(D, S)
+        tb.k(D, r=[fp(100 + i)], w=[fp(Y)], op="forward")
+        tb.free(100 + i)                                 # dropped while forward may read it
+        tb.wait_stream(S, D)                             # every later use starts with the join
+    assert tb.findings() == []
 
 
 def test_rc005_once_per_stream_and_state_dropped():

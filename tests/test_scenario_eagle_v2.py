@@ -150,7 +150,7 @@ def test_mm_input_copy_is_a_diff_finding(sc):
     ("no-war_barrier", {"flavour": "npu"}),
     ("no-war_barrier", {"overlap": "off"}),
     ("no-record_stream_keepalive", {"overlap": "off"}),
-    ("no-record_stream_keepalive", {"plan_stream": "off"}),
+    ("no-record_stream_keepalive", {"war_barrier": "on"}),    # the pool's next use is ordered
 ], ids=lambda x: x if isinstance(x, str) else _ids(x))
 def test_variant_not_flagged_where_the_engine_cannot_have_it(sc, variant, overrides):
     res = _run(sc, variant, **overrides)
