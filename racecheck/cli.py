@@ -1,15 +1,20 @@
 """`racecheck` command line: list | run | fuzz | repro | exec | check | report | baseline.
 
-Exit codes: 0 clean, 1 findings, 2 usage or input error, 3 internal error.
+Exit codes: 0 clean, 1 findings, 2 usage or input error, 3 internal error (141 when the reader of
+stdout goes away, as for any Unix tool cut off by SIGPIPE).
 Each subcommand lives in `racecheck.commands.<name>` with `add_arguments(parser)` and `main(args)`.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import re
 import sys
 
 from .errors import EXIT_INTERNAL, EXIT_USAGE, InternalError, UsageError
+
+EXIT_BROKEN_PIPE = 141      # 128 + SIGPIPE, what a shell reports for a tool whose reader closed
 
 COMMANDS = {
     "list": "show scenarios, their knobs, fix switches and variants",
@@ -26,12 +31,23 @@ COMMANDS = {
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # "-5s" is a value (for --budget to reject), not an unknown option
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
+
     def error(self, message):
         raise UsageError(f"{self.prog}: {message}")
 
 
+def _version() -> str:
+    from . import __version__
+    return f"racecheck {__version__}"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="racecheck", description="Stream-synchronization race detector for GPU inference engines.")
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, help_text in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -52,7 +68,17 @@ def main(argv=None) -> int:
         if args.command is None:
             parser.print_help()
             return EXIT_USAGE
-        return int(args._module.main(args) or 0)
+        status = int(args._module.main(args) or 0)
+        sys.stdout.flush()
+        return status
+    except BrokenPipeError:
+        # the reader went away (`racecheck list --json | head -1`): stop quietly, as a Unix tool
+        # killed by SIGPIPE would, and keep the interpreter's final flush from failing again
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return EXIT_BROKEN_PIPE
     except UsageError as exc:
         err_line(f"racecheck: error: {exc}")
         return EXIT_USAGE
