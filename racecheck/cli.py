@@ -1,4 +1,4 @@
-"""`racecheck` command line: list | run | fuzz | repro | exec | check | report | baseline.
+"""`racecheck` command line: list | run | fuzz | repro | exec | check | explain | report | baseline | hook.
 
 Exit codes: 0 clean, 1 findings, 2 usage or input error, 3 internal error (141 when the reader of
 stdout goes away, as for any Unix tool cut off by SIGPIPE).
@@ -24,6 +24,7 @@ COMMANDS = {
     "repro": "replay a saved repro record deterministically",
     "exec": "run a Python program under the detector: racecheck exec -- python prog.py ...",
     "check": "check a saved trace (.jsonl) offline",
+    "explain": "show the happens-before path ordering two accesses of a saved trace, or that none does",
     "report": "render a findings JSON file as console, json, sarif, junit, html or perfetto",
     "baseline": "write a baseline of current findings' fingerprints",
     "hook": "install the start-up hook that makes RACECHECK=1 run any program under racecheck",
