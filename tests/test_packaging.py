@@ -89,6 +89,7 @@ def test_import_and_offline_commands_need_no_torch(tmp_path):
         assert main(["check", sys.argv[1], "--report", "json=f.json"]) == 1
         assert main(["report", "f.json", "-f", "sarif", "-o", "f.sarif"]) == 1
         assert main(["baseline", "f.json", "-o", "b.json"]) == 0
+        assert main(["explain", sys.argv[1], "1"]) == 0
         assert main(["--version"]) == 0
         import racecheck.pytest_plugin
         assert "torch" not in sys.modules, "torch was imported"
