@@ -101,3 +101,12 @@ def test_repro_panels_wrap_instead_of_cropping(tmp_path, capsys, monkeypatch):
     [finding] = [f for f in out.findings if f.rule == "RC001"][:1]
     missing = [w for w in finding.suggestion.split() if w not in words]
     assert not missing, (missing, text)
+
+
+@pytest.mark.parametrize("command", ["report", "baseline"])
+def test_an_empty_findings_file_says_empty(tmp_path, capsys, command):
+    p = tmp_path / "f.json"
+    p.write_text("\n")
+    assert cli.main([command, str(p)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "empty file" in err and len(err.splitlines()) == 1, err
