@@ -1,6 +1,7 @@
 """`racecheck fuzz SCENARIO --every-variant` (the main job's tour) and scripts/setup.sh's choices."""
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -16,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_the_tour_shows_the_clean_pipeline_then_each_variant_found(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     status = cli.main(["fuzz", "toy-pipeline", "--every-variant", "--budget", "20s", "--db", "none",
-                       "--seed", "1", "--quiet"])
+                       "--seed", "1", "--quiet", "--report", "json=tour.json"])
     out = capsys.readouterr().out
     assert status == 0, out
     lines = out.splitlines()
@@ -27,6 +28,8 @@ def test_the_tour_shows_the_clean_pipeline_then_each_variant_found(tmp_path, cap
     assert "RC004 h" in row["no-d2h_sync"] and "yes" in row["no-d2h_sync"]
     repros = [ln for ln in lines if "racecheck repro racecheck-findings/" in ln]
     assert len(repros) == 2 and all(os.path.exists(ln.split("racecheck repro ")[1]) for ln in repros)
+    doc = json.loads((tmp_path / "tour.json").read_text())
+    assert {(f["rule"], f["tensor"]) for f in doc["findings"]} == {("RC001", "buf"), ("RC004", "h")}
 
 
 @pytest.mark.parametrize("extra", [["--variant", "no-event_fix"], ["--workers", "2"], ["--max-examples", "5"]])

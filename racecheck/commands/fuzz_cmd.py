@@ -294,6 +294,7 @@ def _tour(args, budget) -> int:
                  "no: it should be clean" if shipped_keys else "yes",
                  f"{_n(shipped.examples, 'example')}, {shipped.elapsed:.0f}s"))
     repros += [(f"(all fixes on) {k}", f.command()) for k, f in sorted(shipped.failures.items())]
+    reported = [x for k, f in sorted(shipped.failures.items()) for x in f.outcome.findings if _key_of(x) == k]
     missed = []
     for i, v in enumerate(variants):
         left = max(budget - (time.monotonic() - t0), 0.0)
@@ -307,6 +308,7 @@ def _tour(args, budget) -> int:
             ok = "yes" if hits[0] in expected else f"no: expected {' or '.join(expected)}"
             when = f"{_n(f.examples_to_find, 'example')}, {f.seconds_to_find:.1f}s"
             repros.append((v.name, f.command()))
+            reported += [x for x in f.outcome.findings if _key_of(x) == hits[0]]
         else:
             found, ok, when = "nothing", f"no: expected {' or '.join(expected)}", f"{share:.0f}s budget"
             missed.append(v.name)
@@ -324,6 +326,9 @@ def _tour(args, budget) -> int:
         out.print("replay a shrunk failure deterministically (exit 1 while it reproduces):", markup=False)
         for name, cmd in repros:
             out.print(f"  {name}: {cmd}", markup=False)
+    if args.report:
+        from racecheck.reports import write_reports
+        write_reports(reported, args.report, meta={"command": "fuzz", "scenario": sc.name, "variant": ""})
     if shipped_keys:
         out.print(f"the shipped pipeline failed: {', '.join(shipped_keys)}", markup=False)
     if missed:
