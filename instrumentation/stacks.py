@@ -55,6 +55,8 @@ def _is_launcher(filename: str) -> bool:
     in a scripts dir; it only calls into its package, so it is never the program's code."""
     return filename.startswith(_LAUNCHER_DIRS) and not filename.endswith(".py") \
         and os.path.dirname(filename) + os.sep in _LAUNCHER_DIRS
+
+
 _internal: dict = {}
 
 _extra_internal: list = []
