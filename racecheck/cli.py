@@ -1,4 +1,4 @@
-"""`racecheck` command line: list | run | fuzz | repro | exec | check | explain | report | baseline | hook.
+"""`racecheck` command line: list | run | fuzz | mutate | repro | exec | check | explain | report | baseline | hook.
 
 Exit codes: 0 clean, 1 findings, 2 usage or input error, 3 internal error (141 when the reader of
 stdout goes away, as for any Unix tool cut off by SIGPIPE).
