@@ -32,8 +32,31 @@ _USER_DIRS = tuple(d for d in (_package_dir("racecheck.scenarios"),) if d)
 _STDLIB_PLUMBING = ("contextlib.py", "threading.py", "functools.py", "runpy.py", "weakref.py")
 # Test runners' own frames are never the user's code, nor is a kernel compiler's launch path
 # (a Triton launch is located at the program's `kernel[grid](...)` line).
-_RUNNER_DIRS = tuple(d for d in (_package_dir("_pytest"), _package_dir("pluggy"),
+_RUNNER_DIRS = tuple(d for d in (_package_dir("_pytest"), _package_dir("pluggy"), _package_dir("pytest"),
                                  _package_dir("triton")) if d)
+
+
+def _launcher_dirs() -> tuple:
+    """Where pip puts console-script launchers (`racecheck`, `pytest`): the interpreter's scripts dirs."""
+    import sysconfig
+    dirs = {os.path.dirname(os.path.abspath(sys.executable)), os.path.join(sys.prefix, "bin")}
+    try:
+        dirs.add(sysconfig.get_path("scripts"))
+    except KeyError:
+        pass
+    return tuple(os.path.abspath(d) + os.sep for d in dirs if d)
+
+
+_LAUNCHER_DIRS = _launcher_dirs()
+
+
+def _is_launcher(filename: str) -> bool:
+    """A console-script launcher's frame (`racecheck:8 in <module>`): a file without a .py suffix
+    in a scripts dir; it only calls into its package, so it is never the program's code."""
+    return filename.startswith(_LAUNCHER_DIRS) and not filename.endswith(".py") \
+        and os.path.dirname(filename) + os.sep in _LAUNCHER_DIRS
+
+
 _internal: dict = {}
 
 _extra_internal: list = []
@@ -59,7 +82,7 @@ def _is_internal(filename: str) -> bool:
     for d in _extra_internal:
         if filename.startswith(d):
             return True
-    return os.path.basename(filename) in _STDLIB_PLUMBING
+    return os.path.basename(filename) in _STDLIB_PLUMBING or _is_launcher(filename)
 
 
 def is_internal_file(filename: str) -> bool:

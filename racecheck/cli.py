@@ -1,16 +1,20 @@
-"""`racecheck` command line: list | run | fuzz | repro | exec | check | report | baseline.
+"""`racecheck` command line: list | run | fuzz | mutate | repro | exec | check | explain | report | baseline | hook.
 
-Exit codes: 0 clean, 1 findings, 2 usage or input error, 3 internal error.
+Exit codes: 0 clean, 1 findings, 2 usage or input error, 3 internal error (141 when the reader of
+stdout goes away, as for any Unix tool cut off by SIGPIPE).
 Each subcommand lives in `racecheck.commands.<name>` with `add_arguments(parser)` and `main(args)`.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from .cliparse import Parser
 from .errors import EXIT_INTERNAL, EXIT_USAGE, InternalError, UsageError
+
+EXIT_BROKEN_PIPE = 141      # 128 + SIGPIPE, what a shell reports for a tool whose reader closed
 
 COMMANDS = {
     "list": "show scenarios, their knobs, fix switches and variants",
@@ -20,14 +24,21 @@ COMMANDS = {
     "repro": "replay a saved repro record deterministically",
     "exec": "run a Python program under the detector: racecheck exec -- python prog.py ...",
     "check": "check a saved trace (.jsonl) offline",
+    "explain": "show the happens-before path ordering two accesses of a saved trace, or that none does",
     "report": "render a findings JSON file as console, json, sarif, junit, html or perfetto",
     "baseline": "write a baseline of current findings' fingerprints",
     "hook": "install the start-up hook that makes RACECHECK=1 run any program under racecheck",
 }
 
 
+def _version() -> str:
+    from . import __version__
+    return f"racecheck {__version__}"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="racecheck", description="Stream-synchronization race detector for GPU inference engines.")
+    parser.add_argument("--version", action="version", version=_version())
     parser.add_argument("--scenario-path", action="append", default=[], metavar="PATH",
                         help="also load the scenarios of a Python file or package folder (repeatable; "
                              "also RACECHECK_SCENARIO_PATH); goes before COMMAND")
@@ -55,7 +66,17 @@ def main(argv=None) -> int:
             from racecheck import scenarios
             for path in args.scenario_path:
                 scenarios.add_path(path)
-        return int(args._module.main(args) or 0)
+        status = int(args._module.main(args) or 0)
+        sys.stdout.flush()
+        return status
+    except BrokenPipeError:
+        # the reader went away (`racecheck list --json | head -1`): stop quietly, as a Unix tool
+        # killed by SIGPIPE would, and keep the interpreter's final flush from failing again
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return EXIT_BROKEN_PIPE
     except UsageError as exc:
         err_line(f"racecheck: error: {exc}")
         return EXIT_USAGE

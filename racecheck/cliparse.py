@@ -6,10 +6,16 @@ subcommands share it without importing each other.
 from __future__ import annotations
 
 import argparse
+import re
 
 from .errors import UsageError
 
 
 class Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # "-5s" is a value (for --budget to reject), not an unknown option
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
+
     def error(self, message):
         raise UsageError(f"{self.prog}: {message}")

@@ -412,10 +412,13 @@ class Trace:
     def __len__(self) -> int:
         return len(self.events)
 
+    END = "end"     # the last line's kind: a file without it was cut short
+
     def dump(self, fp: IO[str]) -> None:
         fp.write(json.dumps({"format": self.FORMAT, "version": self.VERSION}) + "\n")
         for ev in self.events:
             fp.write(json.dumps(ev.to_json(), separators=(",", ":")) + "\n")
+        fp.write(json.dumps({"kind": self.END, "events": len(self.events)}) + "\n")
 
     def save(self, path) -> None:
         """Write atomically: a crash leaves either the old file or the whole new one."""
@@ -424,9 +427,24 @@ class Trace:
             self.dump(fp)
 
     @classmethod
+    def is_complete(cls, path) -> bool:
+        """Does the file end with the end line `dump` writes (older traces and cut files do not)?"""
+        with open(path, "rb") as fp:
+            fp.seek(0, 2)
+            fp.seek(max(0, fp.tell() - 256))
+            tail = fp.read().decode("utf-8", "replace").strip().rsplit("\n", 1)[-1]
+        try:
+            last = json.loads(tail)
+        except json.JSONDecodeError:
+            return False
+        return isinstance(last, dict) and last.get("kind") == cls.END
+
+    @classmethod
     def iter_file(cls, path) -> Iterator[Event]:
         with open(path) as fp:
             first = fp.readline()
+            if not first.strip():
+                raise TraceFormatError(f"{path}: empty file, not a racecheck trace")
             try:
                 header = json.loads(first)
             except json.JSONDecodeError:
@@ -442,6 +460,8 @@ class Trace:
                     d = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise TraceFormatError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
+                if isinstance(d, dict) and d.get("kind") == cls.END:
+                    continue
                 try:
                     yield event_from_json(d)
                 except TraceFormatError as exc:

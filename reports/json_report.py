@@ -93,7 +93,10 @@ def load_document(path) -> tuple[list[Finding], dict]:
     path = os.fspath(path)
     try:
         with open(path, encoding="utf-8") as fh:
-            doc = json.load(fh)
+            text = fh.read()
+        if not text.strip():
+            raise UsageError(f"{path}: empty file, expected a findings JSON file")
+        doc = json.loads(text)
     except FileNotFoundError:
         raise UsageError(f"{path}: no such file") from None
     except IsADirectoryError:

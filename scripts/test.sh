@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Sets up (idempotent) and runs the whole test suite, then the benchmarks in quick mode.
+# Sets up the venv (idempotent), runs the benchmarks in quick mode, then the whole test suite (its
+# verdict line is the last thing printed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-.venv/bin/python -m pytest -q -p no:cacheprovider tests
-.venv/bin/python bench/run_all.py --quick
+VENV=${VENV:-.venv}
+VENV="$VENV" bash scripts/setup.sh
+"$VENV/bin/python" bench/run_all.py --quick
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider tests

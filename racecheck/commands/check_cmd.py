@@ -6,6 +6,7 @@ error (exit 2, one line).
 from __future__ import annotations
 
 import os
+import sys
 
 from racecheck.errors import UsageError
 
@@ -37,6 +38,9 @@ def check_trace(path, context_window: int = 64) -> list:
         raise UsageError(f"malformed trace: {path} is not a text file") from None
     except OSError as exc:
         raise UsageError(f"cannot read trace {path}: {exc.strerror or exc}") from None
+    if not Trace.is_complete(path):
+        sys.stderr.write(f"racecheck: warning: {path} has no end line: the trace was cut short (or "
+                         f"written by an older racecheck); findings cover only the events it has\n")
     return checker.findings
 
 

@@ -40,6 +40,9 @@ def add_arguments(p) -> None:
                    help="also draw the fix switches (each may be off): hunt for every fix-off race at once")
     p.add_argument("--first", action="store_true",
                    help="stop as soon as the first failure is shrunk and saved")
+    p.add_argument("--every-variant", action="store_true",
+                   help="a tour: fuzz the scenario as shipped (a third of the budget), then each fix-off "
+                        "variant until its first failure; a table of what was found, with repro commands")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -55,6 +58,11 @@ def _validate(args):
     if args.report:
         from racecheck.reports import parse_report_specs
         parse_report_specs(args.report)
+    if args.every_variant:
+        for flag, bad in (("--variant", args.variant), ("--workers", args.workers > 1),
+                          ("--draw-switches", args.draw_switches), ("--max-examples", args.max_examples)):
+            if bad:
+                raise UsageError(f"--every-variant picks the variants and a time budget itself; drop {flag}")
     return budget
 
 
@@ -62,6 +70,8 @@ def main(args) -> int:
     from rich.console import Console
     from racecheck.fuzz import FuzzTarget, open_database
     budget = _validate(args)
+    if args.every_variant:
+        return _tour(args, budget)
     target = FuzzTarget(args.scenario, args.variant, device=args.device, draw_switches=args.draw_switches)
     db = open_database(args.db)          # fails early (one line) on a bad path or unreachable Redis
     out = Console(highlight=False, soft_wrap=True)
@@ -233,3 +243,98 @@ def _summary(args, target, found, examples, elapsed, out, kinds=None):
 def _key_of(f):
     from racecheck.fuzz import finding_key
     return finding_key(f)
+
+
+def _tour(args, budget) -> int:
+    """The shipped scenario fuzzed for a third of the budget, then every fix-off variant until its
+    first failure (time a variant leaves unused goes to the next), as one table: what racecheck
+    finds and how to replay each find."""
+    import time
+
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    from racecheck import scenarios
+    from racecheck.scenarios.fuzz import Fuzzer, FuzzTarget, open_database
+
+    sc = scenarios.get(args.scenario)
+    db = open_database(args.db)
+    out = Console(highlight=False, soft_wrap=True)
+    variants = list(sc.variants.values())
+    out.print(f"racecheck fuzz {sc.name} --every-variant on {args.device}: the shipped pipeline for "
+              f"{budget / 3:.0f}s, then {len(variants)} fix-off variants until each one's first failure "
+              f"({budget:g}s in all)", markup=False)
+    rows = []
+    repros = []
+
+    def fuzz(variant, seconds, first):
+        target = FuzzTarget(sc.name, variant, device=args.device)
+        progress = _progress_columns() if not args.quiet and out.is_terminal else None
+        task = None
+        if progress is not None:
+            task = progress.add_task(target.label, total=seconds, examples=0, distinct=0, rate=0.0)
+            progress.start()
+
+        def on_progress(examples, distinct, elapsed):
+            if progress is not None:
+                progress.update(task, completed=min(elapsed, seconds), examples=examples, distinct=distinct,
+                                rate=examples / elapsed if elapsed else 0.0)
+        try:
+            return Fuzzer(target, database=db, findings_dir=args.findings_dir, budget_s=seconds,
+                          seed=args.seed, first_only=first, on_progress=on_progress).run()
+        finally:
+            if progress is not None:
+                progress.stop()
+
+    t0 = time.monotonic()
+    shipped = fuzz(None, budget / 3, False)
+    shipped_keys = sorted(shipped.failures)
+    rows.append(("(all fixes on)", ", ".join(shipped_keys) or "clean",
+                 "no: it should be clean" if shipped_keys else "yes",
+                 f"{_n(shipped.examples, 'example')}, {shipped.elapsed:.0f}s"))
+    repros += [(f"(all fixes on) {k}", f.command()) for k, f in sorted(shipped.failures.items())]
+    reported = [x for k, f in sorted(shipped.failures.items()) for x in f.outcome.findings if _key_of(x) == k]
+    missed = []
+    for i, v in enumerate(variants):
+        left = max(budget - (time.monotonic() - t0), 0.0)
+        share = max(left / (len(variants) - i), 5.0)
+        rep = fuzz(v.name, share, True)
+        expected = [f"{rule} {tensor}" for rule, tensor in v.expected]
+        hits = [k for k in rep.failures if k in expected] or sorted(rep.failures)
+        if hits:
+            f = rep.failures[hits[0]]
+            found = hits[0]
+            ok = "yes" if hits[0] in expected else f"no: expected {' or '.join(expected)}"
+            when = f"{_n(f.examples_to_find, 'example')}, {f.seconds_to_find:.1f}s"
+            repros.append((v.name, f.command()))
+            reported += [x for x in f.outcome.findings if _key_of(x) == hits[0]]
+        else:
+            found, ok, when = "nothing", f"no: expected {' or '.join(expected)}", f"{share:.0f}s budget"
+            missed.append(v.name)
+        rows.append((v.name, found, ok, when))
+
+    table = Table(title=f"{sc.name}: what racecheck finds", title_justify="left", box=box.SIMPLE_HEAD)
+    table.add_column("pipeline", style="bold", no_wrap=True)
+    table.add_column("found", no_wrap=True)
+    table.add_column("ok?")
+    table.add_column("after", no_wrap=True)
+    for row in rows:
+        table.add_row(*row)
+    Console(highlight=False).print(table)
+    if repros:
+        out.print("replay a shrunk failure deterministically (exit 1 while it reproduces):", markup=False)
+        for name, cmd in repros:
+            out.print(f"  {name}: {cmd}", markup=False)
+    if args.report:
+        from racecheck.reports import write_reports
+        write_reports(reported, args.report, meta={"command": "fuzz", "scenario": sc.name, "variant": ""})
+    if shipped_keys:
+        out.print(f"the shipped pipeline failed: {', '.join(shipped_keys)}", markup=False)
+    if missed:
+        out.print(f"not found within the budget: {', '.join(missed)} (try --budget {2 * budget:g}s)", markup=False)
+    return EXIT_FINDINGS if shipped_keys or missed else EXIT_CLEAN
+
+
+def _n(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"

@@ -31,7 +31,7 @@ def main(args) -> int:
         from racecheck.reports import parse_report_specs
         parse_report_specs(args.report)
     rec = load_record(args.file)
-    out = Console(highlight=False, soft_wrap=True)
+    out = Console(highlight=False, soft_wrap=True)      # one-line paths and commands stay copyable
     key = rec["failure"]["key"]
     hits = 0
     last = None
@@ -52,7 +52,7 @@ def main(args) -> int:
         shown = o.findings if args.all else [f for f in o.findings if _key(f) == key]
         if shown:
             from racecheck.reports.console import print_findings
-            print_findings(shown, out)
+            print_findings(shown, Console(highlight=False))     # panels wrap their lines, never crop
         wrong = o.wrong_values()
         if wrong:
             out.print(f"wrong value (vs the serialized run): {wrong}", markup=False)

@@ -98,11 +98,13 @@ def load_record(path) -> dict:
         raise UsageError(f"repro: no such file: {path}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"repro: cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    if not text.strip():
+        raise UsageError(f"repro: {path} is empty, not a racecheck repro record")
     try:
         rec = json.loads(text)
     except ValueError as exc:
-        raise UsageError(f"repro: {path} is not a racecheck repro record (not JSON: {exc.msg} at line "
-                         f"{exc.lineno})") from None
+        raise UsageError(f"repro: {path} is not a racecheck repro record (not JSON: {exc.msg}, "
+                         f"line {exc.lineno} column {exc.colno})") from None
     if not isinstance(rec, dict) or rec.get("format") != FORMAT:
         raise UsageError(f"repro: {path} is not a racecheck repro record (no \"format\": \"{FORMAT}\")")
     version = rec.get("format_version")

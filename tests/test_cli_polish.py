@@ -1,0 +1,112 @@
+"""Command-line rough edges: --version, closed pipes, negative values, empty and cut files, wrapping."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from test_fuzz_toy import toy_registered  # noqa: F401  (fixture: toy-pipeline registered)
+from test_repro import _record
+from racecheck import __version__, cli
+from racecheck.trace import Trace
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _racecheck(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "racecheck", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300, **kw)
+
+
+def test_version(capsys):
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"racecheck {__version__}"
+
+
+def test_a_closed_pipe_is_quiet_and_not_an_internal_error():
+    code = ("import os, sys\n"
+            "r, w = os.pipe(); os.close(r); os.dup2(w, 1)   # the reader is gone, as after `| head -1`\n"
+            "from racecheck.cli import main\n"
+            "sys.exit(main(['list', '--json']))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 141 and proc.stderr == "", proc.stderr
+
+
+@pytest.mark.parametrize("argv, text", [
+    (["fuzz", "eagle-v2", "--budget", "-5s"], "--budget '-5s': must be positive"),
+    (["fuzz", "eagle-v2", "--max-examples", "-3"], "--max-examples must be >= 1"),
+])
+def test_negative_values_reach_their_own_check(capsys, argv, text):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert text in err and "expected one argument" not in err and len(err.splitlines()) == 1, err
+
+
+def test_an_empty_trace_says_empty(tmp_path, capsys):
+    p = tmp_path / "t.jsonl"
+    p.write_text("")
+    assert cli.main(["check", str(p)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "empty file" in err and "not JSON" not in err and len(err.splitlines()) == 1, err
+
+
+def test_json_errors_read_naturally(tmp_path, capsys):
+    p = tmp_path / "r.json"
+    p.write_text('{"format": "abc')
+    assert cli.main(["repro", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert "at at" not in err and "starting at, line 1 column" in err, err
+    p.write_text("\n")
+    assert cli.main(["repro", str(p)]) == 2
+    assert "is empty" in capsys.readouterr().err
+
+
+def _trace(path):
+    import torch
+    import racecheck
+    with racecheck.session(device="sim", record_trace=True) as rc:
+        dm = rc.device_module
+        s = dm.Stream()
+        x = racecheck.name(torch.zeros(8), "seq_lens")
+        dm.synchronize()
+        with dm.stream(s):
+            x.add_(1)
+        y = x * 2  # noqa: F841
+    rc.save_trace(str(path))
+
+
+def test_a_trace_cut_at_a_line_boundary_is_flagged(tmp_path, capsys):
+    p = tmp_path / "t.jsonl"
+    _trace(p)
+    assert Trace.is_complete(p)
+    assert cli.main(["check", str(p)]) == 1
+    assert "cut short" not in capsys.readouterr().err
+    lines = p.read_text().splitlines(keepends=True)
+    p.write_text("".join(lines[:-2]))             # the last event and the end line are gone
+    assert not Trace.is_complete(p)
+    cli.main(["check", str(p)])
+    err = capsys.readouterr().err
+    assert "warning" in err and "cut short" in err, err
+
+
+def test_repro_panels_wrap_instead_of_cropping(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "60")
+    path, out = _record(tmp_path)
+    assert cli.main(["repro", path]) == 1
+    text = capsys.readouterr().out
+    words = set(re.findall(r"[^\s│╭╮╰╯─]+", text))
+    [finding] = [f for f in out.findings if f.rule == "RC001"][:1]
+    missing = [w for w in finding.suggestion.split() if w not in words]
+    assert not missing, (missing, text)
+
+
+@pytest.mark.parametrize("command", ["report", "baseline"])
+def test_an_empty_findings_file_says_empty(tmp_path, capsys, command):
+    p = tmp_path / "f.json"
+    p.write_text("\n")
+    assert cli.main([command, str(p)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "empty file" in err and len(err.splitlines()) == 1, err
