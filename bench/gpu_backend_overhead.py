@@ -7,8 +7,9 @@ Configurations:
   trace-on         torch's GPU trace activated (every allocation, free, event and sync calls into
                    Python, as after any racecheck `cuda` session), no dispatch mode
   noop-mode        a do-nothing TorchDispatchMode (the floor for any dispatch-level tool)
-  racecheck        racecheck.session(device="cuda")  (trace callbacks + wrappers)
-  racecheck-wrap   racecheck.session(device="cuda", callbacks=False)  (wrappers only)
+  racecheck        racecheck.session(device="cuda")  (the default: the device module's wrappers)
+  racecheck-cb     racecheck.session(device="cuda", callbacks=True)  (torch's GPU trace callbacks
+                   + wrappers, the default before 2026-11-25)
 Workloads:
   ops      20 small elementwise ops per iteration on the default stream (per-op cost)
   decode   the decode-like step of bench/gpu_overhead.py (plan stream, event, matmuls, .item())
@@ -22,7 +23,7 @@ import statistics
 import sys
 import time
 
-CONFIGS = ("plain", "trace-on", "noop-mode", "racecheck", "racecheck-wrap")
+CONFIGS = ("plain", "trace-on", "noop-mode", "racecheck", "racecheck-cb")
 WORKLOADS = ("ops", "decode")
 OPS_PER_ITER = 20
 
@@ -63,9 +64,9 @@ def worker(config: str, workload: str, iters: int) -> dict:
         torch._C._activate_gpu_trace()
     elif config == "noop-mode":
         ctx = NoopMode()
-    elif config in ("racecheck", "racecheck-wrap"):
+    elif config in ("racecheck", "racecheck-cb"):
         import racecheck
-        opts = {"callbacks": False} if config == "racecheck-wrap" else {}
+        opts = {"callbacks": True} if config == "racecheck-cb" else {}
         ctx = racecheck.session(device="cuda", **opts)
     with ctx:
         fn = _ops_step(torch) if workload == "ops" else _decode_step(torch, torch.cuda)
@@ -119,16 +120,18 @@ def main(argv=None) -> int:
         rows.append({"workload": workload, "config": config, "us_per_iter": us,
                      "findings": rs[-1]["findings"], "internal_errors": rs[-1]["internal_errors"]})
     base = {r["workload"]: r["us_per_iter"] for r in rows if r["config"] == "plain"}
+    noop = {r["workload"]: r["us_per_iter"] for r in rows if r["config"] == "noop-mode"}
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  rounds {rounds}")
-    print(f"{'workload':8s} {'config':15s} {'us/iter':>10s} {'x plain':>8s} {'us/op extra':>12s}")
+    print(f"{'workload':8s} {'config':15s} {'us/iter':>10s} {'x plain':>8s} {'x noop':>7s} {'us/op extra':>12s}")
     for r in sorted(rows, key=lambda r: (r["workload"], CONFIGS.index(r["config"]))):
         ratio = r["us_per_iter"] / base[r["workload"]] if r["workload"] in base else float("nan")
         r["x_plain"] = ratio
+        r["x_noop"] = r["us_per_iter"] / noop[r["workload"]] if r["workload"] in noop else float("nan")
         extra = ""
         if r["workload"] == "ops" and "ops" in base:
             r["us_per_op_extra"] = (r["us_per_iter"] - base["ops"]) / OPS_PER_ITER
             extra = f"{r['us_per_op_extra']:12.2f}"
-        print(f"{r['workload']:8s} {r['config']:15s} {r['us_per_iter']:10.1f} {ratio:8.2f} {extra}")
+        print(f"{r['workload']:8s} {r['config']:15s} {r['us_per_iter']:10.1f} {ratio:8.2f} {r['x_noop']:7.2f} {extra}")
     if args.json:
         with open(args.json, "w") as fp:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,

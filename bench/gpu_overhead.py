@@ -10,6 +10,8 @@ Workloads:
   graph   the same step captured once in a CUDA graph and replayed each iteration
   eagle   the EAGLE v2 scenario, all fixes on, a few iterations (racecheck vs its own plain run)
 
+racecheck runs with its defaults (on `cuda`: the device module's wrappers, torch's GPU trace off).
+
     python bench/gpu_overhead.py [--quick] [--json OUT.json]
 """
 from __future__ import annotations
@@ -172,12 +174,14 @@ def main(argv=None) -> int:
         rows.append({"workload": workload, "config": config, "ms_per_iter": med,
                      "findings": rs[-1]["findings"]})
     plain = {r["workload"]: r["ms_per_iter"] for r in rows if r["config"] == "plain"}
+    noop = {r["workload"]: r["ms_per_iter"] for r in rows if r["config"] == "noop-mode"}
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  rounds {rounds}")
-    print(f"{'workload':10s} {'config':12s} {'ms/iter':>10s} {'x plain':>8s} findings")
+    print(f"{'workload':10s} {'config':12s} {'ms/iter':>10s} {'x plain':>8s} {'x noop':>7s} findings")
     for r in sorted(rows, key=lambda r: (r["workload"], CONFIGS.index(r["config"]) if r["config"] in CONFIGS else 9)):
         ratio = r["ms_per_iter"] / plain[r["workload"]] if r["workload"] in plain else float("nan")
         r["x_plain"] = ratio
-        print(f"{r['workload']:10s} {r['config']:12s} {r['ms_per_iter']:10.3f} {ratio:8.2f} {r['findings']}")
+        r["x_noop"] = r["ms_per_iter"] / noop[r["workload"]] if r["workload"] in noop else float("nan")
+        print(f"{r['workload']:10s} {r['config']:12s} {r['ms_per_iter']:10.3f} {ratio:8.2f} {r['x_noop']:7.2f} {r['findings']}")
     if args.json:
         with open(args.json, "w") as fp:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, fp, indent=2)
