@@ -67,6 +67,53 @@ def _primitives(torch, iters=20000):
     return out
 
 
+# Own time (cProfile tottime) grouped by what the code is for; first matching pattern wins.
+CATEGORIES = (
+    ("checker (shadow memory, clocks)", ("racecheck/checker.py", "racecheck/shadow.py",
+                                         "racecheck/clocks.py")),
+    ("event queue (recorder)", ("racecheck/recorder.py",)),
+    ("event objects", ("racecheck/trace.py",)),
+    ("stack capture", ("instrumentation/stacks.py",)),
+    ("footprints, storage registry", ("instrumentation/footprints.py",)),
+    ("dispatch mode, op plans", ("instrumentation/interceptor.py", "instrumentation/classify.py")),
+    ("cuda backend (streams, wrappers, host reads)", ("instrumentation/device.py",
+                                                     "instrumentation/base.py",
+                                                     "instrumentation/cuda.py")),
+    ("the loop itself (bench code)", ("bench/",)),
+    ("torch Python (dispatch-mode glue, torch.cuda)", ("torch/",)),
+)
+
+
+def _category(filename: str) -> str:
+    f = filename.replace("\\", "/")
+    for name, pats in CATEGORIES:
+        if any(pat in f for pat in pats):
+            return name
+    return "other Python"
+
+
+def breakdown(stats: pstats.Stats) -> list:
+    """[(category, seconds, share)] of own time. Torch's C functions (ops, launches, the C++
+    side of dispatch) are their own category; other C functions (dict.get, ...) count for the
+    code that called them, in proportion to the time spent under each caller."""
+    total = 0.0
+    sums: dict = {}
+    for (filename, _line, name), (_cc, _nc, tt, _ct, callers) in stats.stats.items():
+        total += tt
+        if filename != "~":
+            cat = _category(filename)
+            sums[cat] = sums.get(cat, 0.0) + tt
+        elif "torch" in name:
+            cat = "torch C++ (ops, launches, dispatch)"
+            sums[cat] = sums.get(cat, 0.0) + tt
+        else:
+            under = sum(v[2] for v in callers.values()) or 1.0
+            for (cfile, _l, _n), v in callers.items():
+                cat = "torch C++ (ops, launches, dispatch)" if cfile == "~" else _category(cfile)
+                sums[cat] = sums.get(cat, 0.0) + tt * v[2] / under
+    return sorted(((c, t, t / total if total else 0.0) for c, t in sums.items()), key=lambda x: -x[1])
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
@@ -108,6 +155,7 @@ def main(argv=None) -> int:
             if config == "racecheck":
                 assert not cm.internal_errors, cm.internal_errors
     profiles = {}
+    breakdowns = {}
     for name in ("ops", "decode", "graph"):
         with racecheck.session(device="cuda", callbacks=False) as rc:
             fn = _workloads(torch)[name]
@@ -120,8 +168,14 @@ def main(argv=None) -> int:
             prof.disable()
         buf = io.StringIO()
         st = pstats.Stats(prof, stream=buf)
+        parts = breakdown(st)
+        buf.write(f"own time by component ({iters} iterations under cProfile):\n")
+        for cat, t, share in parts:
+            buf.write(f"  {cat:48s} {t * 1e6 / iters:8.1f} us/iter  {share:6.1%}\n")
         st.sort_stats("tottime").print_stats(args.top)
         profiles[name] = buf.getvalue()
+        breakdowns[name] = [{"component": c, "us_per_iter_profiled": t * 1e6 / iters, "share": sh}
+                            for c, t, sh in parts]
         if args.pstats:
             os.makedirs(args.pstats, exist_ok=True)
             st.dump_stats(os.path.join(args.pstats, f"{name}.pstats"))
@@ -145,11 +199,12 @@ def main(argv=None) -> int:
         print(f"{w:8s} {r['config']:20s} {r['us_per_iter']:9.1f} {r['x_plain']:8.2f} {r['x_noop']:7.2f}")
     for name, text in profiles.items():
         print(f"\n---- cProfile, racecheck `cuda`, workload {name}, {iters} iterations ----")
-        print("\n".join(text.splitlines()[:args.top + 12]))
+        print("\n".join(text.splitlines()[:args.top + 24]))
     if args.json:
         with open(args.json, "w") as fp:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                       "primitives_us": prims, "rows": rows, "profiles": profiles}, fp, indent=2)
+                       "primitives_us": prims, "rows": rows, "breakdown": breakdowns,
+                       "profiles": profiles}, fp, indent=2)
     return 0
 
 
