@@ -21,7 +21,6 @@ import json
 import os
 import statistics
 import sys
-import time
 
 CONFIGS = ("plain", "trace-on", "noop-mode", "racecheck", "racecheck-cb")
 WORKLOADS = ("ops", "decode")
@@ -72,12 +71,9 @@ def worker(config: str, workload: str, iters: int) -> dict:
         fn = _ops_step(torch) if workload == "ops" else _decode_step(torch, torch.cuda)
         for _ in range(20):
             fn()
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-        dt = (time.perf_counter() - t) / iters
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from gpu_overhead import timed_blocks
+        dt = timed_blocks(fn, iters, torch.cuda.synchronize)
     findings = len(ctx.findings) if config.startswith("racecheck") else None
     errors = len(ctx.internal_errors) if config.startswith("racecheck") else None
     return {"config": config, "workload": workload, "us_per_iter": dt * 1e6,
@@ -97,6 +93,8 @@ def main(argv=None) -> int:
     p.add_argument("--worker")
     p.add_argument("--workload", default="ops")
     p.add_argument("--iters", type=int, default=300)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--workloads", default=",".join(WORKLOADS))
     args = p.parse_args(argv)
     if args.worker:
         print(json.dumps(worker(args.worker, args.workload, args.iters)))
@@ -105,19 +103,20 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("no GPU: nothing to measure")
         return 0
-    rounds = 1 if args.quick else 3
+    rounds = 1 if args.quick else args.rounds
     iters = 100 if args.quick else 400
     samples: dict = {}
     for _ in range(rounds):
-        for workload in WORKLOADS:
+        for workload in args.workloads.split(","):
             for config in CONFIGS:
                 r = run_worker(config, workload, iters)
                 if r:
                     samples.setdefault((workload, config), []).append(r)
     rows = []
     for (workload, config), rs in samples.items():
-        us = statistics.median(r["us_per_iter"] for r in rs)
-        rows.append({"workload": workload, "config": config, "us_per_iter": us,
+        xs = [r["us_per_iter"] for r in rs]
+        rows.append({"workload": workload, "config": config, "us_per_iter": statistics.median(xs),
+                     "rounds_us": xs,
                      "findings": rs[-1]["findings"], "internal_errors": rs[-1]["internal_errors"]})
     base = {r["workload"]: r["us_per_iter"] for r in rows if r["config"] == "plain"}
     noop = {r["workload"]: r["us_per_iter"] for r in rows if r["config"] == "noop-mode"}
