@@ -521,6 +521,17 @@ class DeviceBackend(Backend):
             idx = torch.device(device).index
             return b._current_device() if idx is None else idx
 
+        def device_sync(orig):
+            """`synchronize(device=None)` (the module's, torch.accelerator's): the host waited for
+            the device; by keyword too, which host_sync's positional wrapper does not take."""
+            def synchronize(device=None):
+                out = orig(device)
+                if b._live():
+                    b.emit_host_sync("device", device_index(device))
+                return out
+            synchronize.__wrapped__ = orig
+            return synchronize
+
         def untraced(kind):
             """Events the runtime reports itself once created: the wrapper covers the rest."""
             return lambda ev: not (getattr(ev, EH, 0) and kind in traced)
@@ -536,10 +547,10 @@ class DeviceBackend(Backend):
         if "stream_synchronization" not in traced:
             self._patch(Stream, "synchronize", host_sync("stream", b.stream_of))
         if "device_synchronization" not in traced:
-            self._patch(m, "synchronize", host_sync("device", device_index))
+            self._patch(m, "synchronize", device_sync)
             acc = getattr(torch, "accelerator", None)
             if acc is not None and hasattr(acc, "synchronize") and self._is_accelerator():
-                self._patch(acc, "synchronize", host_sync("device", device_index))
+                self._patch(acc, "synchronize", device_sync)
         graph_cls = getattr(m, self.graph_class_name, None)
         if graph_cls is not None:
             self._install_graph_wrappers(graph_cls)
