@@ -7,8 +7,9 @@ Configurations:
   trace-on         torch's GPU trace activated (every allocation, free, event and sync calls into
                    Python, as after any racecheck `cuda` session), no dispatch mode
   noop-mode        a do-nothing TorchDispatchMode (the floor for any dispatch-level tool)
-  racecheck        racecheck.session(device="cuda")  (trace callbacks + wrappers)
-  racecheck-wrap   racecheck.session(device="cuda", callbacks=False)  (wrappers only)
+  racecheck        racecheck.session(device="cuda")  (the default: the device module's wrappers)
+  racecheck-cb     racecheck.session(device="cuda", callbacks=True)  (torch's GPU trace callbacks
+                   + wrappers, the default before 2026-11-25)
 Workloads:
   ops      20 small elementwise ops per iteration on the default stream (per-op cost)
   decode   the decode-like step of bench/gpu_overhead.py (plan stream, event, matmuls, .item())
@@ -20,9 +21,8 @@ import json
 import os
 import statistics
 import sys
-import time
 
-CONFIGS = ("plain", "trace-on", "noop-mode", "racecheck", "racecheck-wrap")
+CONFIGS = ("plain", "trace-on", "noop-mode", "racecheck", "racecheck-cb")
 WORKLOADS = ("ops", "decode")
 OPS_PER_ITER = 20
 
@@ -63,20 +63,17 @@ def worker(config: str, workload: str, iters: int) -> dict:
         torch._C._activate_gpu_trace()
     elif config == "noop-mode":
         ctx = NoopMode()
-    elif config in ("racecheck", "racecheck-wrap"):
+    elif config in ("racecheck", "racecheck-cb"):
         import racecheck
-        opts = {"callbacks": False} if config == "racecheck-wrap" else {}
+        opts = {"callbacks": True} if config == "racecheck-cb" else {}
         ctx = racecheck.session(device="cuda", **opts)
     with ctx:
         fn = _ops_step(torch) if workload == "ops" else _decode_step(torch, torch.cuda)
         for _ in range(20):
             fn()
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-        dt = (time.perf_counter() - t) / iters
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from gpu_overhead import timed_blocks
+        dt = timed_blocks(fn, iters, torch.cuda.synchronize)
     findings = len(ctx.findings) if config.startswith("racecheck") else None
     errors = len(ctx.internal_errors) if config.startswith("racecheck") else None
     return {"config": config, "workload": workload, "us_per_iter": dt * 1e6,
@@ -96,6 +93,8 @@ def main(argv=None) -> int:
     p.add_argument("--worker")
     p.add_argument("--workload", default="ops")
     p.add_argument("--iters", type=int, default=300)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--workloads", default=",".join(WORKLOADS))
     args = p.parse_args(argv)
     if args.worker:
         print(json.dumps(worker(args.worker, args.workload, args.iters)))
@@ -104,31 +103,34 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("no GPU: nothing to measure")
         return 0
-    rounds = 1 if args.quick else 3
+    rounds = 1 if args.quick else args.rounds
     iters = 100 if args.quick else 400
     samples: dict = {}
     for _ in range(rounds):
-        for workload in WORKLOADS:
+        for workload in args.workloads.split(","):
             for config in CONFIGS:
                 r = run_worker(config, workload, iters)
                 if r:
                     samples.setdefault((workload, config), []).append(r)
     rows = []
     for (workload, config), rs in samples.items():
-        us = statistics.median(r["us_per_iter"] for r in rs)
-        rows.append({"workload": workload, "config": config, "us_per_iter": us,
+        xs = [r["us_per_iter"] for r in rs]
+        rows.append({"workload": workload, "config": config, "us_per_iter": statistics.median(xs),
+                     "rounds_us": xs,
                      "findings": rs[-1]["findings"], "internal_errors": rs[-1]["internal_errors"]})
     base = {r["workload"]: r["us_per_iter"] for r in rows if r["config"] == "plain"}
+    noop = {r["workload"]: r["us_per_iter"] for r in rows if r["config"] == "noop-mode"}
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  rounds {rounds}")
-    print(f"{'workload':8s} {'config':15s} {'us/iter':>10s} {'x plain':>8s} {'us/op extra':>12s}")
+    print(f"{'workload':8s} {'config':15s} {'us/iter':>10s} {'x plain':>8s} {'x noop':>7s} {'us/op extra':>12s}")
     for r in sorted(rows, key=lambda r: (r["workload"], CONFIGS.index(r["config"]))):
         ratio = r["us_per_iter"] / base[r["workload"]] if r["workload"] in base else float("nan")
         r["x_plain"] = ratio
+        r["x_noop"] = r["us_per_iter"] / noop[r["workload"]] if r["workload"] in noop else float("nan")
         extra = ""
         if r["workload"] == "ops" and "ops" in base:
             r["us_per_op_extra"] = (r["us_per_iter"] - base["ops"]) / OPS_PER_ITER
             extra = f"{r['us_per_op_extra']:12.2f}"
-        print(f"{r['workload']:8s} {r['config']:15s} {r['us_per_iter']:10.1f} {ratio:8.2f} {extra}")
+        print(f"{r['workload']:8s} {r['config']:15s} {r['us_per_iter']:10.1f} {ratio:8.2f} {r['x_noop']:7.2f} {extra}")
     if args.json:
         with open(args.json, "w") as fp:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,

@@ -2,13 +2,17 @@
 
 Each configuration runs in its own worker process (CSAN's trace callbacks cannot be removed once
 registered, so sharing a process would tax the configurations measured after it); rounds are
-interleaved so clock and thermal drift hit every configuration alike.
+interleaved so clock and thermal drift hit every configuration alike. Within a process the figure is
+the median of 5 timed blocks; across processes, the median of the rounds (their spread is printed).
 
 Workloads:
   eager   a decode-like step: small matmuls on the main stream, metadata prepared on a plan
           stream and joined with an event, one host sync (`.item()`) per iteration
   graph   the same step captured once in a CUDA graph and replayed each iteration
   eagle   the EAGLE v2 scenario, all fixes on, a few iterations (racecheck vs its own plain run)
+
+racecheck runs with its defaults (on `cuda`: the device module's wrappers, torch's GPU trace off);
+`racecheck-cb` with `callbacks=True` (torch's GPU trace callbacks too, the default before 2026-11-25).
 
     python bench/gpu_overhead.py [--quick] [--json OUT.json]
 """
@@ -22,7 +26,7 @@ import subprocess
 import sys
 import time
 
-CONFIGS = ("plain", "noop-mode", "csan", "racecheck")
+CONFIGS = ("plain", "noop-mode", "csan", "racecheck", "racecheck-cb")
 WORKLOADS = ("eager", "graph")
 
 
@@ -89,23 +93,35 @@ def worker(config: str, workload: str, iters: int) -> dict:
     elif config == "csan":
         import torch.cuda._sanitizer as csan
         csan.enable_cuda_sanitizer()
-    elif config == "racecheck":
+    elif config in ("racecheck", "racecheck-cb"):
         import racecheck
-        ctx = racecheck.session(device="cuda")
+        ctx = racecheck.session(device="cuda", **({"callbacks": True} if config == "racecheck-cb" else {}))
     dm = torch.cuda
     with ctx:
         step, graph_factory = _decode_step_factory(torch, dm)
         fn = step if workload == "eager" else graph_factory()
         for _ in range(20):
             fn()
-        torch.cuda.synchronize()
+        dt = timed_blocks(fn, iters, torch.cuda.synchronize, blocks=1 if config == "csan" else BLOCKS)
+    findings = len(ctx.findings) if config.startswith("racecheck") else None
+    return {"config": config, "workload": workload, "ms_per_iter": dt * 1e3, "findings": findings}
+
+
+BLOCKS = 5      # timed blocks per process; the median block is the process's figure
+
+
+def timed_blocks(fn, iters, sync, blocks=BLOCKS) -> float:
+    """Seconds per call of fn: median over `blocks` blocks of `iters` calls (a hiccup of the
+    shared host spoils one block, not the figure)."""
+    times = []
+    for _ in range(blocks):
+        sync()
         t = time.perf_counter()
         for _ in range(iters):
             fn()
-        torch.cuda.synchronize()
-        dt = (time.perf_counter() - t) / iters
-    findings = len(ctx.findings) if config == "racecheck" else None
-    return {"config": config, "workload": workload, "ms_per_iter": dt * 1e3, "findings": findings}
+        sync()
+        times.append((time.perf_counter() - t) / iters)
+    return statistics.median(times)
 
 
 def eagle_worker(config: str, iters: int) -> dict:
@@ -166,18 +182,24 @@ def main(argv=None) -> int:
             r = run_worker(config, "eagle", 10 if args.quick else 20)
             if r:
                 samples.setdefault(("eagle", config), []).append(r)
+        print(f"round {len(samples.get(('eager', 'plain'), []))}: "
+              + ", ".join(f"{w}/{c} {rs[-1]['ms_per_iter']:.3f}" for (w, c), rs in samples.items()),
+              flush=True)
     rows = []
     for (workload, config), rs in samples.items():
-        med = statistics.median(r["ms_per_iter"] for r in rs)
-        rows.append({"workload": workload, "config": config, "ms_per_iter": med,
-                     "findings": rs[-1]["findings"]})
+        xs = [r["ms_per_iter"] for r in rs]
+        rows.append({"workload": workload, "config": config, "ms_per_iter": statistics.median(xs),
+                     "rounds_ms": xs, "findings": rs[-1]["findings"]})
     plain = {r["workload"]: r["ms_per_iter"] for r in rows if r["config"] == "plain"}
+    noop = {r["workload"]: r["ms_per_iter"] for r in rows if r["config"] == "noop-mode"}
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  rounds {rounds}")
-    print(f"{'workload':10s} {'config':12s} {'ms/iter':>10s} {'x plain':>8s} findings")
+    print(f"{'workload':10s} {'config':12s} {'ms/iter':>10s} {'rounds min-max':>16s} {'x plain':>8s} {'x noop':>7s} findings")
     for r in sorted(rows, key=lambda r: (r["workload"], CONFIGS.index(r["config"]) if r["config"] in CONFIGS else 9)):
         ratio = r["ms_per_iter"] / plain[r["workload"]] if r["workload"] in plain else float("nan")
         r["x_plain"] = ratio
-        print(f"{r['workload']:10s} {r['config']:12s} {r['ms_per_iter']:10.3f} {ratio:8.2f} {r['findings']}")
+        r["x_noop"] = r["ms_per_iter"] / noop[r["workload"]] if r["workload"] in noop else float("nan")
+        spread = f"{min(r['rounds_ms']):.3f}-{max(r['rounds_ms']):.3f}"
+        print(f"{r['workload']:10s} {r['config']:12s} {r['ms_per_iter']:10.3f} {spread:>16s} {ratio:8.2f} {r['x_noop']:7.2f} {r['findings']}")
     if args.json:
         with open(args.json, "w") as fp:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, fp, indent=2)

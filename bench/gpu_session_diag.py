@@ -5,10 +5,10 @@
 A process that has run one session must run the next one normally (fuzzing and the
 manifestation measurement run many). Each configuration runs in its own process:
   plain-plain        the pipeline twice, no racecheck
-  rc-rc              two racecheck `cuda` sessions
+  rc-rc              two racecheck `cuda` sessions (the default: the device module's wrappers)
   rc-rc-blocking     the same with CUDA_LAUNCH_BLOCKING=1 (an error then names its real call)
   rc-rc-noindex      two sessions, device-side index snapshots off (whole-tensor index footprints)
-  rc-rc-wrappers     two sessions, trace callbacks off (wrappers only)
+  rc-rc-callbacks    two sessions with torch's GPU trace callbacks too (callbacks=True)
   rc-plain           a session, then the pipeline plainly
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ CONFIGS = {
     "rc-rc": ("rc", "rc"),
     "rc-rc-blocking": ("rc", "rc"),
     "rc-rc-noindex": ("rc-noindex", "rc-noindex"),
-    "rc-rc-wrappers": ("rc-wrappers", "rc-wrappers"),
+    "rc-rc-callbacks": ("rc-callbacks", "rc-callbacks"),
     "rc-plain": ("rc", "plain"),
 }
 
@@ -46,8 +46,8 @@ def worker(config: str, variant) -> dict:
                 sc.run_once(cfg, RunContext(torch.cuda, "cuda", None, pin=True, seed=0))
             else:
                 opts = {}
-                if kind == "rc-wrappers":
-                    opts["callbacks"] = False
+                if kind == "rc-callbacks":
+                    opts["callbacks"] = True
                 if kind == "rc-noindex":
                     from racecheck.instrumentation.base import Backend
                     from racecheck.instrumentation.device import DeviceBackend

@@ -11,12 +11,17 @@ device module.
 * host memory: CPU tensors, pinned or not (`StorageRegistry.host_of`). `non_blocking` copies
   between host memory and the device are asynchronous for the host; blocking copies, `.item()`,
   `.tolist()` and data-dependent shapes are host syncs.
-* synchronization: the runtime's trace callbacks (`torch.cuda._gpu_trace`: event record / wait /
-  synchronize, stream synchronize, device synchronize, event creation / deletion). They cannot be
-  unregistered, so they are attached once per process and do nothing unless a session is active.
-  Where no callback exists, thin wrappers live for the session: a wait or synchronize on an event
-  that was never recorded (the runtime fires nothing; the checker needs the no-op for RC008), and
-  `Event.query()` / `Stream.query()` returning True (an acquire edge).
+* synchronization: thin wrappers on the device module's `Event` (record / wait / synchronize /
+  query), `Stream` (synchronize / query), `synchronize` and `torch.accelerator.synchronize`, live
+  for the session. With `callbacks=True` (the backend's choice: see cuda.py and npu.py) the
+  runtime's trace callbacks (`torch.cuda._gpu_trace`: event record / wait / synchronize, stream
+  synchronize, device synchronize, event creation / deletion) report what they cover instead, C++
+  callers included; they cannot be unregistered, so they are attached once per process and do
+  nothing unless a session is active, and the wrappers stay for what no callback reports: a wait
+  or synchronize on an event that was never recorded (the runtime fires nothing; the checker needs
+  the no-op for RC008), and `Event.query()` / `Stream.query()` returning True (an acquire edge).
+  Without callbacks an event's id lives on its Python object (no handle is ever reported, and a
+  handle the runtime reuses is a new event); with them, on its runtime handle.
 * graphs: `capture_begin/capture_end/replay` of the module's graph class are wrapped for the
   session: ops during capture become the graph's captured accesses (nothing executes), a replay is
   one `GraphReplay` on the current stream (one footprint pass per replay).
@@ -28,7 +33,7 @@ device module.
   say so (`Footprint.approx`).
 
 Tracing, once activated (`torch._C._activate_gpu_trace()`), stays on for the process: after the
-session each traced event costs a no-op Python call.
+session each traced event, every caching-allocator malloc and free included, costs a Python call.
 """
 from __future__ import annotations
 
@@ -224,6 +229,12 @@ class DeviceBackend(Backend):
 
     def op_stream_tid(self, args, kwargs) -> int:
         """The stream an op runs on: the current stream of its first device tensor's device."""
+        if args:
+            a = args[0]     # the common case, a device tensor first: one C call, one dict hit
+            if isinstance(a, torch.Tensor) and not a.is_cpu:
+                key = self._cur(a.get_device())
+                tid = self._tids.get(key)
+                return tid if tid is not None else self._register(key)
         dev = -1
         for a in args:
             if isinstance(a, torch.Tensor):
@@ -430,7 +441,23 @@ class DeviceBackend(Backend):
         def cur_stream(stream):
             return stream if stream is not None else m.current_stream()
 
+        def record_tid(stream):
+            return b.current_stream_tid() if stream is None else b.stream_of(stream)
+
         def make_record(orig):
+            if not traced:
+                def record_untraced(ev, stream=None):
+                    out = orig(ev, stream)
+                    if b._live() and b.capture_state() is None:   # captured: a graph node
+                        try:
+                            s = b.sink
+                            s.emit(EventRecord(s.thread_tid(), b._obj_eid(ev), record_tid(stream),
+                                               stacks.capture()))
+                        except Exception as exc:
+                            b.sink.internal_error(exc, "in Event.record wrapper")
+                    return out
+                return record_untraced
+
             def record(ev, stream=None):
                 if not b._live():
                     return orig(ev, stream)
@@ -462,7 +489,7 @@ class DeviceBackend(Backend):
                     try:
                         s = b.sink
                         if b.capture_state() is None:
-                            s.emit(StreamWaitEvent(s.thread_tid(), b.stream_of(cur_stream(stream)),
+                            s.emit(StreamWaitEvent(s.thread_tid(), record_tid(stream),
                                                    b._eid_of(ev), stacks.capture()))
                     except Exception as exc:
                         b.sink.internal_error(exc, "in Event.wait wrapper")
@@ -494,6 +521,17 @@ class DeviceBackend(Backend):
             idx = torch.device(device).index
             return b._current_device() if idx is None else idx
 
+        def device_sync(orig):
+            """`synchronize(device=None)` (the module's, torch.accelerator's): the host waited for
+            the device; by keyword too, which host_sync's positional wrapper does not take."""
+            def synchronize(device=None):
+                out = orig(device)
+                if b._live():
+                    b.emit_host_sync("device", device_index(device))
+                return out
+            synchronize.__wrapped__ = orig
+            return synchronize
+
         def untraced(kind):
             """Events the runtime reports itself once created: the wrapper covers the rest."""
             return lambda ev: not (getattr(ev, EH, 0) and kind in traced)
@@ -509,7 +547,10 @@ class DeviceBackend(Backend):
         if "stream_synchronization" not in traced:
             self._patch(Stream, "synchronize", host_sync("stream", b.stream_of))
         if "device_synchronization" not in traced:
-            self._patch(m, "synchronize", host_sync("device", device_index))
+            self._patch(m, "synchronize", device_sync)
+            acc = getattr(torch, "accelerator", None)
+            if acc is not None and hasattr(acc, "synchronize") and self._is_accelerator():
+                self._patch(acc, "synchronize", device_sync)
         graph_cls = getattr(m, self.graph_class_name, None)
         if graph_cls is not None:
             self._install_graph_wrappers(graph_cls)
@@ -731,10 +772,20 @@ class DeviceBackend(Backend):
                 self._sleeper.sleep(obj, obj.device_index, microseconds)
 
     # -- lifetime -------------------------------------------------------------------------------
+    def _is_accelerator(self) -> bool:
+        """This backend's device type is torch's current accelerator (`torch.accelerator`)."""
+        try:
+            acc = torch.accelerator.current_accelerator()
+        except Exception:
+            return False
+        return acc is not None and acc.type == self.device_type
+
     def install(self) -> None:
         global _ACTIVE
         if self._trace is not None:
             self._traced = hook_trace(self._trace, self._trace_style, self._trace_activate)
+        if not self._traced:
+            self._eid_of = self._obj_eid    # no handle is ever reported: ids live on the objects
         self._install_wrappers()
         _ACTIVE = self
         self._installed = True

@@ -58,8 +58,14 @@ def test_cuda_backend(ctx, name):
         pytest.skip(note)
 
 
-def test_trace_callbacks_attached(ctx):
+def test_wrappers_only_by_default(ctx):
+    """torch's GPU trace stays off unless asked for: once on, it taxes every allocation."""
     with ctx.session() as rc:
+        assert not rc.backend._traced
+
+
+def test_trace_callbacks_attached(ctx):
+    with ctx.session(callbacks=True) as rc:
         traced = set(rc.backend._traced)
     assert {"event_record", "event_wait", "stream_synchronization", "device_synchronization",
             "event_synchronization"} <= traced, traced

@@ -192,6 +192,29 @@ def check_item_is_host_sync(ctx):
 
 
 @check()
+def check_device_synchronize_forms(ctx):
+    """The device's synchronize by keyword and positionally, and torch.accelerator's, are host
+    syncs (with the trace off they reach racecheck only through its wrappers)."""
+    forms = [lambda dm: dm.synchronize(device=0), lambda dm: dm.synchronize(0),
+             lambda dm: dm.synchronize(f"{ctx.device}:0")]
+    acc = getattr(torch, "accelerator", None)
+    cur = acc.current_accelerator() if acc is not None else None
+    if ctx.device == "cuda" and cur is not None and cur.type == "cuda":   # the stand-in's C++
+        forms.append(lambda dm: torch.accelerator.synchronize())          # side cannot sync
+    for sync in forms:
+        with ctx.session() as rc:
+            dm = ctx.dm(rc)
+            s = dm.Stream()
+            x = torch.zeros(8, device=ctx.device)
+            dm.synchronize()
+            with dm.stream(s):
+                x.add_(1)
+            sync(dm)
+            y = x * 2  # noqa: F841            (launched after the host waited for the device)
+        _clean(rc)
+
+
+@check()
 def check_blocking_d2h_is_host_sync(ctx):
     with ctx.session() as rc:
         x = torch.ones(8, device=ctx.device)

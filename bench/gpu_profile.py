@@ -1,0 +1,212 @@
+"""Where racecheck's time goes on a GPU: in-process timings, primitive costs and cProfile.
+
+    python bench/gpu_profile.py [--quick] [--json OUT.json] [--pstats DIR] [--callbacks]
+
+One process, configurations in this order (none of them activates torch's GPU trace, so they can
+share it; `--callbacks` adds racecheck with trace callbacks last, which activates it for good):
+plain, a do-nothing dispatch mode, racecheck `cuda`, rounds interleaved. Then each workload once
+more under racecheck with cProfile, the top functions by own time printed. The ratios here are a
+guide for profiling; the reported figures come from gpu_overhead.py / gpu_backend_overhead.py
+(one process per configuration).
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def _workloads(torch):
+    from gpu_backend_overhead import _ops_step
+    from gpu_overhead import _decode_step_factory
+    dm = torch.cuda
+    step, graph_factory = _decode_step_factory(torch, dm)
+    return {"ops": _ops_step(torch), "decode": step, "graph": graph_factory()}
+
+
+def _time(fn, iters, torch):
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / iters * 1e6
+
+
+def _primitives(torch, iters=20000):
+    """µs per call of the C calls the backend makes per op (this machine's CPU)."""
+    x = torch.zeros(1024, device="cuda")
+    get_cur = torch._C._cuda_getCurrentStream
+    calls = {
+        "_cuda_getCurrentStream(-1)": lambda: get_cur(-1),
+        "t.get_device()": x.get_device,
+        "t.is_cpu": lambda: x.is_cpu,
+        "t.data_ptr()": x.data_ptr,
+        "t.untyped_storage()._cdata": lambda: x.untyped_storage()._cdata,
+        "torch.empty_like (alloc+free)": lambda: torch.empty_like(x),
+        "x.add_(1)": lambda: x.add_(1),
+    }
+    out = {}
+    for name, fn in calls.items():
+        fn()
+        t = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        out[name] = (time.perf_counter() - t) / iters * 1e6
+    torch.cuda.synchronize()
+    return out
+
+
+# Own time (cProfile tottime) grouped by what the code is for; first matching pattern wins.
+CATEGORIES = (
+    ("checker (shadow memory, clocks)", ("racecheck/checker.py", "racecheck/shadow.py",
+                                         "racecheck/clocks.py")),
+    ("event queue (recorder)", ("racecheck/recorder.py",)),
+    ("event objects", ("racecheck/trace.py",)),
+    ("stack capture", ("instrumentation/stacks.py",)),
+    ("footprints, storage registry", ("instrumentation/footprints.py",)),
+    ("dispatch mode, op plans", ("instrumentation/interceptor.py", "instrumentation/classify.py")),
+    ("cuda backend (streams, wrappers, host reads)", ("instrumentation/device.py",
+                                                     "instrumentation/base.py",
+                                                     "instrumentation/cuda.py")),
+    ("the loop itself (bench code)", ("bench/",)),
+    ("torch Python (dispatch-mode glue, torch.cuda)", ("torch/",)),
+)
+
+
+def _category(filename: str) -> str:
+    f = filename.replace("\\", "/")
+    for name, pats in CATEGORIES:
+        if any(pat in f for pat in pats):
+            return name
+    return "other Python"
+
+
+def breakdown(stats: pstats.Stats) -> list:
+    """[(category, seconds, share)] of own time. Torch's C functions (ops, launches, the C++
+    side of dispatch) are their own category; other C functions (dict.get, ...) count for the
+    code that called them, in proportion to the time spent under each caller."""
+    total = 0.0
+    sums: dict = {}
+    for (filename, _line, name), (_cc, _nc, tt, _ct, callers) in stats.stats.items():
+        total += tt
+        if filename != "~":
+            cat = _category(filename)
+            sums[cat] = sums.get(cat, 0.0) + tt
+        elif "torch" in name:
+            cat = "torch C++ (ops, launches, dispatch)"
+            sums[cat] = sums.get(cat, 0.0) + tt
+        else:
+            under = sum(v[2] for v in callers.values()) or 1.0
+            for (cfile, _l, _n), v in callers.items():
+                cat = "torch C++ (ops, launches, dispatch)" if cfile == "~" else _category(cfile)
+                sums[cat] = sums.get(cat, 0.0) + tt * v[2] / under
+    return sorted(((c, t, t / total if total else 0.0) for c, t in sums.items()), key=lambda x: -x[1])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--json")
+    p.add_argument("--pstats", help="folder for one .pstats file per workload")
+    p.add_argument("--callbacks", action="store_true", help="also racecheck with trace callbacks")
+    p.add_argument("--top", type=int, default=28)
+    args = p.parse_args(argv)
+    import torch
+    if not torch.cuda.is_available():
+        print("no GPU: nothing to measure")
+        return 0
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import racecheck
+
+    class NoopMode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    iters = 100 if args.quick else 400
+    rounds = 1 if args.quick else 3
+    prims = _primitives(torch, 2000 if args.quick else 20000)
+    configs = ["plain", "noop-mode", "racecheck"]
+    samples: dict = {}
+    for _ in range(rounds):
+        for config in configs:
+            ctx = {"plain": None, "noop-mode": NoopMode,
+                   "racecheck": lambda: racecheck.session(device="cuda", callbacks=False)}[config]
+            cm = ctx() if ctx else None
+            if cm is not None:
+                cm.__enter__()
+            try:
+                for name, fn in _workloads(torch).items():
+                    samples.setdefault((name, config), []).append(_time(fn, iters, torch))
+            finally:
+                if cm is not None:
+                    cm.__exit__(None, None, None)
+            if config == "racecheck":
+                assert not cm.internal_errors, cm.internal_errors
+    profiles = {}
+    breakdowns = {}
+    for name in ("ops", "decode", "graph"):
+        with racecheck.session(device="cuda", callbacks=False) as rc:
+            fn = _workloads(torch)[name]
+            _time(fn, 20, torch)
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(iters):
+                fn()
+            rc.findings                       # drain the queue: the checker's share is counted
+            prof.disable()
+        buf = io.StringIO()
+        st = pstats.Stats(prof, stream=buf)
+        parts = breakdown(st)
+        buf.write(f"own time by component ({iters} iterations under cProfile):\n")
+        for cat, t, share in parts:
+            buf.write(f"  {cat:48s} {t * 1e6 / iters:8.1f} us/iter  {share:6.1%}\n")
+        st.sort_stats("tottime").print_stats(args.top)
+        profiles[name] = buf.getvalue()
+        breakdowns[name] = [{"component": c, "us_per_iter_profiled": t * 1e6 / iters, "share": sh}
+                            for c, t, sh in parts]
+        if args.pstats:
+            os.makedirs(args.pstats, exist_ok=True)
+            st.dump_stats(os.path.join(args.pstats, f"{name}.pstats"))
+    if args.callbacks:
+        with racecheck.session(device="cuda", callbacks=True):
+            for name, fn in _workloads(torch).items():
+                samples.setdefault((name, "racecheck+callbacks"), []).append(_time(fn, iters, torch))
+    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  rounds {rounds}")
+    print("primitive costs (µs per call):")
+    for k, v in prims.items():
+        print(f"  {k:34s} {v:7.2f}")
+    rows = []
+    for (name, config), xs in sorted(samples.items()):
+        rows.append({"workload": name, "config": config, "us_per_iter": statistics.median(xs)})
+    base = {(r["workload"], r["config"]): r["us_per_iter"] for r in rows}
+    print(f"{'workload':8s} {'config':20s} {'us/iter':>9s} {'x plain':>8s} {'x noop':>7s}")
+    for r in rows:
+        w = r["workload"]
+        r["x_plain"] = r["us_per_iter"] / base[(w, "plain")]
+        r["x_noop"] = r["us_per_iter"] / base[(w, "noop-mode")]
+        print(f"{w:8s} {r['config']:20s} {r['us_per_iter']:9.1f} {r['x_plain']:8.2f} {r['x_noop']:7.2f}")
+    for name, text in profiles.items():
+        print(f"\n---- cProfile, racecheck `cuda`, workload {name}, {iters} iterations ----")
+        print("\n".join(text.splitlines()[:args.top + 24]))
+    if args.json:
+        with open(args.json, "w") as fp:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "primitives_us": prims, "rows": rows, "breakdown": breakdowns,
+                       "profiles": profiles}, fp, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
