@@ -4,6 +4,7 @@ As shipped it must be clean (graphs on and off); every seed, defined as a droppe
 synchronization site of the real code, must be flagged with its rule and the engine's name
 for the tensor. Needs sglang 0.5.23 (`pip install --no-deps sglang==0.5.23`) and triton.
 """
+import fnmatch
 import importlib.util
 import json
 import os
@@ -42,11 +43,11 @@ def test_every_seed_is_flagged_with_the_engines_name(variant):
     v = scenarios.get(SC).variant(variant)
     res = _run(variant)
     got = res.signature()
-    missing = [pair for pair in v.expected if pair not in got]
+    missing = [(rule, pattern) for rule, pattern in v.expected
+               if not any(r == rule and fnmatch.fnmatchcase(t, pattern) for r, t in got)]
     assert not missing, f"{variant}: missing {missing}; got {sorted(got)}"
     assert not res.unmatched_drops
-    assert not any(f.tensor.startswith("unnamed") for f in res.findings
-                   if (f.rule, f.tensor) in set(v.expected))
+    assert not any(t.startswith("unnamed") for _, t in got)
 
 
 def test_a_dropped_site_that_never_ran_is_reported():
@@ -89,13 +90,14 @@ def test_run_cli_drop_sync_flags_the_seed():
     proc = subprocess.run([sys.executable, "-m", "racecheck", "run", SC, "--drop-sync", site],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "ForwardBatch.seq_lens" in proc.stdout
+    assert ".seq_lens" in proc.stdout
 
 
-def test_the_pr_gate_template_commands():
+def test_the_pr_gate_template_commands(tmp_path):
     """ci/sglang-gate, as the workflow template runs it, against the installed sglang."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run(["bash", os.path.join(root, "ci", "sglang-gate"), "--quick"],
+    proc = subprocess.run(["bash", os.path.join(root, "ci", "sglang-gate"), "--quick",
+                           str(tmp_path / "out")],
                           capture_output=True, text=True, timeout=1200,
                           env=dict(os.environ, PYTHON=sys.executable))
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -10,6 +10,7 @@ sites. Exit 0, 1 when the clean run has findings or a necessary site regressed, 
 from __future__ import annotations
 
 import json
+import os
 
 
 def add_arguments(p) -> None:
@@ -40,7 +41,10 @@ def main(args) -> int:
     sc = scenarios.get(args.scenario)
     cfg = sc.config(variant=args.variant, overrides=scenarios.parse_sets(args.sets))
     previous = None
-    baseline_path = args.baseline or getattr(sc, "mutate_baseline", None)
+    baseline_path = args.baseline
+    shipped = getattr(sc, "mutate_baseline", None)
+    if baseline_path is None and shipped and os.path.exists(shipped):
+        baseline_path = shipped
     if baseline_path:
         previous = mutate.load_previous(baseline_path)
     if args.quick and previous is None:

@@ -88,6 +88,39 @@ class OutputCollector:
                 self.outputs[req.rid] = list(req.output_ids)
 
 
+def declare_graph_inputs(engine, workers, name) -> None:
+    """Name the decode registry's buffers as sglang names its slots (`graph.<slot>`), and tell
+    racecheck which padded rows sglang means to leave stale, from sglang's own declarations:
+    a slot whose `PaddingPolicy` does not reset the padded tail (KEEP_PAD, FOREACH_COPY,
+    FILL_ONCE) and that is not in `INDEX_SEMANTIC_BUFFERS` (values that index memory). The draft
+    runners keep no registry; their buffers of the same field names carry the same intent.
+    Stale values read as indices into memory the run writes stay RC006 regardless."""
+    import racecheck
+    graph_runner = workers.target_runner.decode_cuda_graph_runner
+    if graph_runner is None:
+        return
+    Policy = engine.need("cuda_graph_buffer_registry", "PaddingPolicy")
+    index_semantic = engine.need("input_buffers", "INDEX_SEMANTIC_BUFFERS")
+    keeps_tail = (Policy.KEEP_PAD, Policy.FOREACH_COPY, Policy.FILL_ONCE)
+    registry = graph_runner.buffer_registry
+    tolerant = set()
+    for slot_name in registry.slot_names():
+        slot = registry.get_slot(slot_name)
+        if slot.buffer is None:
+            continue
+        name(slot.buffer, f"graph.{slot_name}")
+        if slot.padding_policy in keeps_tail and slot_name not in index_semantic:
+            tolerant.add(slot_name)
+            racecheck.stale_tolerant(slot.buffer)
+    for runner in (workers.draft.cuda_graph_runner,
+                   workers.draft.cuda_graph_runner_for_draft_extend):
+        buffers = getattr(runner, "buffers", None)
+        for field_name in sorted(tolerant):
+            buffer = getattr(buffers, field_name, None)
+            if buffer is not None:
+                racecheck.stale_tolerant(buffer)
+
+
 class Pools(SimpleNamespace):
     """req_to_token_pool, allocator, target_kv, draft_kv, tree_cache."""
 
@@ -130,13 +163,7 @@ class OverlapScheduler:
                                     draft_tokens=cfg["draft_tokens"], mrope=cfg["mrope"],
                                     graphs=cfg["graphs"], pools=self.pools)
         self.model_config = self.workers.target_runner.model_config
-        graph_runner = self.workers.target_runner.decode_cuda_graph_runner
-        if graph_runner is not None:        # the registry's slots, as sglang names them
-            registry = graph_runner.buffer_registry
-            for slot_name in registry.slot_names():
-                buffer = registry.get_slot(slot_name).buffer
-                if buffer is not None:
-                    name(buffer, f"graph.{slot_name}")
+        declare_graph_inputs(engine, self.workers, name)
         self.outputs = OutputCollector()
         self.sched = self._assemble_scheduler(dm, war_barrier)
         self.sched.init_overlap()
