@@ -65,6 +65,9 @@ def child(configs: list, runs: int) -> list:
             res = scenarios.run(sc, cfg, device="cuda")
             row["racecheck_s"] = res.seconds
             row["findings"] = sorted({(f.rule, f.tensor) for f in res.findings})
+            row["details"] = [{"message": f.message(), "fix": f.suggestion,
+                               "current": list(f.current.stack), "previous": list(f.previous.stack)}
+                              for f in res.findings[:6]]
             row["internal_errors"] = [e.splitlines()[0] for e in res.internal_errors]
             row["outputs_equal_plain"] = res.outputs == plain
             wrong = 0
@@ -87,10 +90,11 @@ def main() -> int:
     ap.add_argument("--bundle", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--only", default=None, help="run only the configurations whose name has this")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        rows = child(CONFIGS, args.runs)
+        rows = child([c for c in CONFIGS if args.only is None or args.only in c["name"]], args.runs)
         with open(os.path.join(args.out, "gpu_sglang.json"), "w") as fh:
             json.dump({"configs": rows}, fh, indent=1)
         return 0
@@ -99,7 +103,8 @@ def main() -> int:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [site, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]))
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--bundle",
-                           args.bundle, "--out", args.out, "--runs", str(args.runs)], env=env)
+                           args.bundle, "--out", args.out, "--runs", str(args.runs)]
+                          + (["--only", args.only] if args.only else []), env=env)
     return proc.returncode
 
 

@@ -117,6 +117,8 @@ class Interceptor(TorchDispatchMode):
             plan = self._unless_pinned(plan)
         if oc.has_device and self.backend.routes_cuda:
             plan = self._placed(plan, oc)
+        elif oc.has_device and not oc.args and self.maker.registry.host_of is not None:
+            plan = self._host_factory(plan, oc)
         if func.namespace not in _TORCH_NAMESPACES:
             plan = self._custom(func, oc, plan)
         self._funcs.append(func)
@@ -180,6 +182,20 @@ class Interceptor(TorchDispatchMode):
             with allocating_host():
                 return kernel(func, args, kwargs, oc, place=HOST)
         return plan_placed
+
+    def _host_factory(self, plan, oc):
+        """On a GPU backend a factory placed on the CPU (`torch.full(..., device="cpu")`, or no
+        device with a CPU default) runs on the host: host work, not a kernel on a stream."""
+        kernel = self._kernel
+
+        def plan_factory(func, args, kwargs):
+            d = kwargs.get("device")
+            if d is None:
+                d = torch.get_default_device()
+            if getattr(d, "type", d) == "cpu" and not kwargs.get("pin_memory"):
+                return kernel(func, args, kwargs, oc, place=HOST)
+            return plan(func, args, kwargs)
+        return plan_factory
 
     def _unless_pinned(self, plan):
         pinned = self._pinned_factory

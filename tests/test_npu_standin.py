@@ -124,6 +124,19 @@ def check_default_stream_named(ctx):
 
 
 @check()
+def check_cpu_factory_is_host_work(ctx):
+    """sglang's graph runners make CPU mirrors with torch.full(..., device="cpu") and refill them
+    on the host: no kernel on a stream, so no RC004 against the host's own writes."""
+    with ctx.session(record_trace=True) as rc:
+        mirror = torch.full((8,), 1, dtype=torch.int64, device="cpu")
+        plain = torch.zeros(8)
+        mirror.fill_(2)
+        plain.add_(1)
+    assert _names_of_kernel_streams(rc, "full") == [], _names_of_kernel_streams(rc, "full")
+    _clean(rc)
+
+
+@check()
 def check_second_device_streams(ctx):
     if ctx.device_count() < 2:
         return "skipped: one device"

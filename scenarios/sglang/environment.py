@@ -20,6 +20,7 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.metadata
+import importlib.util
 import os
 import sys
 import types
@@ -28,6 +29,7 @@ from racecheck.errors import UsageError
 
 TESTED = ("0.5.23",)            # sglang releases this scenario was written and tested against
 STUBBED = ("sglang.srt.multimodal.internvl_utils", "sglang.srt.configs.deepseek_ocr")
+NATIVE = ("sgl_kernel",)        # imported unguarded where sglang runs on CUDA
 
 
 class EngineMismatch(UsageError):
@@ -61,13 +63,54 @@ class _StandIn(types.ModuleType):
         return value
 
 
+class _Missing:
+    """A name from a native kernel package that is not installed: attributes chain (import-time
+    tables like `scalar_types.uint4b8`), a call says what is missing instead of computing."""
+
+    def __init__(self, path: str):
+        self._path = path
+
+    def __getattr__(self, name):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return _Missing(f"{self._path}.{name}")
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f"{self._path} is a native kernel that is not installed here; the "
+                           "sglang-eagle-v2 scenario does not support the path that calls it")
+
+    def __repr__(self):
+        return f"<not installed: {self._path}>"
+
+
+class _NativeStandIn(types.ModuleType):
+    """A native kernel package the GPU image lacks (sgl_kernel): sglang imports names from it
+    where `_is_cuda`; they are `_Missing` stand-ins."""
+
+    __version__ = "0"
+
+    def __getattr__(self, name):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        value = _Missing(f"{self.__name__}.{name}")
+        setattr(self, name, value)
+        return value
+
+
 class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    native: tuple = ()         # top-level native packages stood in for (GPU runs only)
+
     def find_spec(self, fullname, path, target=None):
-        if fullname in STUBBED:
-            return importlib.machinery.ModuleSpec(fullname, self)
+        if fullname in STUBBED or fullname.split(".")[0] in self.native:
+            spec = importlib.machinery.ModuleSpec(fullname, self)
+            if fullname.split(".")[0] in self.native:
+                spec.submodule_search_locations = []
+            return spec
         return None
 
     def create_module(self, spec):
+        if spec.name.split(".")[0] in self.native:
+            return _NativeStandIn(spec.name)
         return _StandIn(spec.name)
 
     def exec_module(self, module):
@@ -197,6 +240,8 @@ def load(interpret: bool = True) -> Engine:
                          "(see docs/SGLANG.md for a CPU-only runner)")
     if interpret:
         os.environ["TRITON_INTERPRET"] = "1"
+    else:
+        _FINDER.native = tuple(n for n in NATIVE if importlib.util.find_spec(n) is None)
     os.environ.setdefault("SGLANG_ENABLE_OVERLAP_PLAN_STREAM", "1")
     if _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)
