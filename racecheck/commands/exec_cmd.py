@@ -45,8 +45,11 @@ def _split_program(argv):
     return "path", argv[0], argv
 
 
-def _run_program(kind, target) -> int:
-    """Run the program as `python` would; its exit status. A missing module is a usage error."""
+def _run_program(kind, target, keep: list) -> int:
+    """Run the program as `python` would; its exit status. A missing module is a usage error.
+    Its globals go into `keep`, alive until the session is over: the program's tensors die with
+    the interpreter, not in the middle of the check (no allocator reuse at exit, and findings
+    name tensors by the globals holding them)."""
     if kind == "module":
         try:
             spec = importlib.util.find_spec(target)
@@ -54,10 +57,10 @@ def _run_program(kind, target) -> int:
             spec = None
         if spec is None:
             raise UsageError(f"exec: no module named {target!r}")
-        runpy.run_module(target, run_name="__main__", alter_sys=True)
+        keep.append(runpy.run_module(target, run_name="__main__", alter_sys=True))
     else:
         sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
-        runpy.run_path(target, run_name="__main__")
+        keep.append(runpy.run_path(target, run_name="__main__"))
     return 0
 
 
@@ -84,9 +87,10 @@ def main(args) -> int:
     program_status = 0
     usage = None
     rc = racecheck.session(device=args.device, record_trace=bool(args.save_trace), route_cuda=route)
+    program_globals: list = []
     with rc:
         try:
-            program_status = _run_program(kind, target)
+            program_status = _run_program(kind, target, program_globals)
         except UsageError as exc:
             usage = exc
         except SystemExit as exc:
@@ -103,6 +107,7 @@ def main(args) -> int:
             program_status = 1
         finally:
             sys.argv = old_argv
+    program_globals.clear()
     if usage is not None:
         raise usage
     if args.save_trace:
