@@ -43,6 +43,9 @@ def add_arguments(p) -> None:
     p.add_argument("--every-variant", action="store_true",
                    help="a tour: fuzz the scenario as shipped (a third of the budget), then each fix-off "
                         "variant until its first failure; a table of what was found, with repro commands")
+    p.add_argument("--drop-sync", action="append", default=[], metavar="SITE", dest="drop_sync",
+                   help="drop a synchronization site in every example (repeatable; ids from "
+                        "`racecheck mutate SCENARIO --list`)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -72,7 +75,9 @@ def main(args) -> int:
     budget = _validate(args)
     if args.every_variant:
         return _tour(args, budget)
-    target = FuzzTarget(args.scenario, args.variant, device=args.device, draw_switches=args.draw_switches)
+    fixed = {"drop_sync": ",".join(args.drop_sync)} if args.drop_sync else None
+    target = FuzzTarget(args.scenario, args.variant, device=args.device, draw_switches=args.draw_switches,
+                        fixed=fixed)
     db = open_database(args.db)          # fails early (one line) on a bad path or unreachable Redis
     out = Console(highlight=False, soft_wrap=True)
     err = Console(stderr=True, highlight=False)

@@ -77,6 +77,9 @@ def main(args) -> int:
     meta = {"scenario": sc.name, "variant": args.variant or "", "device": args.device, "seed": args.seed,
             "config": cfg, "repro": repro, "time": res.seconds}
     code = finish(res.findings, args, meta, console=console)
+    for site in res.unmatched_drops:
+        console.print(f"warning: --drop-sync {site} matched no synchronization site the run executed",
+                      style="yellow", markup=False, soft_wrap=True)
     if res.diff_ok:
         console.print(f"differential: outputs equal the serialized run ({res.seconds:.2f}s)", markup=False)
     else:
