@@ -10,6 +10,8 @@ import json
 import os
 from importlib import resources
 
+import jsonschema
+
 from racecheck.errors import UsageError
 from racecheck.findings import Finding
 
@@ -71,13 +73,10 @@ def parse_document(doc, source: str = "findings") -> tuple[list[Finding], dict]:
     if not isinstance(items, list):
         raise UsageError(f"{source}: \"findings\" must be a list")
     try:
-        import jsonschema
         jsonschema.validate(doc, schema())
-    except ImportError:  # pragma: no cover - jsonschema is a dependency
-        pass
-    except Exception as exc:  # jsonschema.ValidationError
-        where = "/".join(str(p) for p in getattr(exc, "absolute_path", ())) or "document"
-        msg = str(getattr(exc, "message", exc)).splitlines()[0]
+    except jsonschema.ValidationError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "document"
+        msg = exc.message.splitlines()[0]
         raise UsageError(f"{source}: invalid findings file at {where}: {msg}") from None
     findings = []
     for i, d in enumerate(items):
