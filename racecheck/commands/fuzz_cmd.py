@@ -261,7 +261,7 @@ def _tour(args, budget) -> int:
     from rich.table import Table
 
     from racecheck import scenarios
-    from racecheck.scenarios.fuzz import Fuzzer, FuzzTarget, open_database
+    from racecheck.fuzz import Fuzzer, FuzzTarget, open_database
 
     sc = scenarios.get(args.scenario)
     db = open_database(args.db)
