@@ -182,3 +182,39 @@ def test_an_upward_edge_and_a_cycle_are_reported():
     ("racecheck.commands.run_cmd", "cli"), ("racecheck.pytest_plugin", "cli")])
 def test_layer_of(module, expected):
     assert layer(module) == expected
+
+
+def missing_imports(path: str, module: str, known) -> set:
+    """`import racecheck.x` / `from racecheck.x import ...` naming no module of the package (a
+    module that moved): the import graph cannot see those, and they fail only when run."""
+    with open(path, encoding="utf-8") as fh:
+        tree = ast.parse(fh.read(), path)
+    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            sources = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                sources = [".".join(base + ([node.module] if node.module else []))]
+            else:
+                sources = [node.module]
+        else:
+            continue
+        out.update(s for s in sources if (s == "racecheck" or s.startswith("racecheck."))
+                   and s not in known)
+    return out
+
+
+def test_every_import_of_the_package_names_a_module():
+    mods = modules()
+    missing = {m: sorted(missing_imports(p, m, mods)) for m, p in mods.items()}
+    assert not {m: v for m, v in missing.items() if v}
+
+
+def test_a_moved_module_is_reported(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("def f():\n    from racecheck.scenarios.fuzz import Fuzzer\n")
+    assert missing_imports(str(path), "racecheck.commands.m", {"racecheck.scenarios"}) == {
+        "racecheck.scenarios.fuzz"}
