@@ -190,8 +190,8 @@ class Scenario:
     `reference(cfg)` is the serialized configuration the differential oracle compares against.
     `diff_fields` (a dict, or a function returning one on first use) says, per output field, which
     engine function produces and consumes it, for DIFF findings.
-    `session_options(cfg)` (optional) returns what its runs need from racecheck.session (e.g.
-    torch.cuda routing); a variant's `drop_sync` sites are added to them.
+    `session_options(cfg, device)` (optional) returns what its runs on `device` need from
+    racecheck.session (e.g. torch.cuda routing on sim); the sites cfg drops are added to them.
     `strategy(sc, fixed, explore)` (optional) returns a Hypothesis strategy of the overrides of
     the knobs named in `drawn_knobs`: what only the scenario knows how to draw well (a request
     schedule, graph buckets); see `Scenario.strategy`. Other knobs are drawn from their types.
@@ -275,10 +275,10 @@ class Scenario:
     def reference_config(self, cfg: dict) -> dict:
         return self._reference(dict(cfg, **{DROP_SYNC.name: ""}))
 
-    def session_options(self, cfg: dict) -> dict:
-        """Options the scenario's runs need from racecheck.session (e.g. torch.cuda routing),
-        plus the synchronization sites cfg drops."""
-        opts = dict(self._session_options(cfg)) if self._session_options else {}
+    def session_options(self, cfg: dict, device: str) -> dict:
+        """Options the scenario's runs on `device` need from racecheck.session (e.g. torch.cuda
+        routing on sim), plus the synchronization sites cfg drops."""
+        opts = dict(self._session_options(cfg, device)) if self._session_options else {}
         drop = drop_sync_sites(cfg)
         if drop:
             opts["drop_sync"] = drop
@@ -367,9 +367,7 @@ def run(sc: Scenario, cfg: dict, device: str = "sim", seed: int = 0,
     cfg = sc.config(overrides=cfg)
     t0 = time.perf_counter()
     torch_device = "cpu" if device == "sim" else device
-    options = sc.session_options(cfg)
-    if device != "sim":
-        options.pop("route_cuda", None)         # the real torch.cuda is there
+    options = sc.session_options(cfg, device)
     options.update(session_options or {})
     with racecheck.session(device=device, **options) as rc:
         ctx = RunContext(rc.device_module, torch_device, rc, pin=True, seed=seed)
@@ -385,11 +383,9 @@ def run(sc: Scenario, cfg: dict, device: str = "sim", seed: int = 0,
     for fieldname, text in _first_per_field(diffs):
         findings.append(diff_finding(sc, fieldname, text))
     stats = {"events": rc.checker.events_processed}
-    sites = getattr(rc.backend, "sites", None)
     return RunResult(sc.name, cfg, device, seed, findings, outputs, ref, diff_ok, detail,
-                     list(rc.internal_errors), seconds, stats,
-                     sites.sites() if sites is not None else [],
-                     sites.unmatched_drops() if sites is not None else [])
+                     list(rc.internal_errors), seconds, stats, rc.sync_sites.sites(),
+                     rc.sync_sites.unmatched_drops())
 
 
 def run_plain(sc: Scenario, cfg: dict, device: str = "cuda", seed: int = 0) -> dict:

@@ -33,9 +33,9 @@ def main(args) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from racecheck import scenarios
+    from racecheck import mutate, scenarios
     from racecheck.errors import UsageError
-    from racecheck import mutate
+    from racecheck.files import write_atomic
 
     console = Console(highlight=False)
     sc = scenarios.get(args.scenario)
@@ -102,17 +102,8 @@ def main(args) -> int:
                       f"`racecheck run {sc.name}` first", style="bold red", markup=False)
 
     if args.json:
-        _write(args.json, json.dumps(report.to_json(), indent=1, sort_keys=True))
+        write_atomic(args.json, json.dumps(report.to_json(), indent=1, sort_keys=True) + "\n")
     if args.sarif:
-        _write(args.sarif, json.dumps(mutate.to_sarif(report, regressions), indent=1))
+        write_atomic(args.sarif, json.dumps(mutate.to_sarif(report, regressions), indent=1) + "\n")
     return 1 if (regressions or report.baseline_findings) else 0
 
-
-def _write(path, text: str) -> None:
-    import os
-    import tempfile
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".racecheck-")
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text + "\n")
-    os.replace(tmp, path)

@@ -103,7 +103,7 @@ class FuzzTarget:
         cfg = self.concrete_config(example)
         t0 = time.perf_counter()
         crash = ""
-        rc = racecheck.session(device=self.device)
+        rc = racecheck.session(device=self.device, **self.sc.session_options(cfg, self.device))
         try:
             with rc:
                 ctx = RunContext(rc.device_module, "cpu" if self.device == "sim" else self.device, rc,

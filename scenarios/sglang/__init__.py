@@ -43,19 +43,6 @@ def _arrivals(value):
     return format_arrivals(parse_arrivals(value))
 
 
-def _draft_tokens(value):
-    if value == "auto":
-        return value
-    v = int(value)
-    if v < 2:
-        raise ValueError("must be >= 2 (the bonus token plus at least one draft token)")
-    return v
-
-
-def _sites(value):
-    return ",".join(p.strip() for p in str(value).split(",") if p.strip())
-
-
 KNOBS = [
     Knob("graphs", True, "bool", "CUDA graphs: decode (target verify), draft and draft-extend "
          "runners with their buffer registry; padded batches"),
@@ -66,7 +53,7 @@ KNOBS = [
     Knob("topk", 1, "int", "EAGLE topk (1: chain drafts; > 1: tree drafts)", minimum=1, maximum=4),
     Knob("steps", 3, "int", "speculative_num_steps", minimum=1, maximum=6),
     Knob("draft_tokens", "auto", "int", "speculative_num_draft_tokens (auto: steps + 1 for topk 1, "
-         "else 2 * steps)", validator=_draft_tokens),
+         "else 2 * steps; at least 2: the bonus token and one draft token)", minimum=2),
     Knob("arrivals", DEFAULT_ARRIVALS, "str", "request schedule: step:COUNTxMAX_NEW_TOKENS[+PROMPT_LEN]"
          " items separated by ';' (requests join at that loop step; batches cross graph buckets)",
          validator=_arrivals),
@@ -158,7 +145,7 @@ SCENARIO = Scenario(
     diff_fields={"output_ids": {"producer": "EAGLEWorkerV2.forward_batch_generation",
                                 "consumer": "SchedulerBatchResultProcessor.process_batch_result_decode",
                                 "stream": "forward_stream"}},
-    session_options=lambda cfg: {"route_cuda": True},
+    session_options=lambda cfg, device: {"route_cuda": device == "sim"},
     strategy=_strategy, drawn_knobs=("steps", "topk", "draft_tokens"))
 
 
