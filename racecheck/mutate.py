@@ -136,6 +136,8 @@ def analyse(sc: Scenario, cfg: dict, *, seed: int = 0, only=None, progress=None)
 
 def to_sarif(report: MutationReport, regressions=()) -> dict:
     """SARIF 2.1.0: one result per site (necessary: note, silent: warning, regression: error)."""
+    from racecheck.reports.json_report import tool_info
+    from racecheck.reports.sarif import SCHEMA_URI
     rules = [{"id": "RCM001", "name": "SyncSiteNecessary",
               "shortDescription": {"text": "synchronization site whose removal exposes a race"}},
              {"id": "RCM002", "name": "SyncSiteSilent",
@@ -164,8 +166,8 @@ def to_sarif(report: MutationReport, regressions=()) -> dict:
         results.append({"ruleId": "RCM003", "level": "error",
                         "message": {"text": f"{site_id}: {what}"},
                         "partialFingerprints": {"racecheckSite": site_id}})
-    return {"$schema": "https://json.schemastore.org/sarif-2.1.0.json", "version": "2.1.0",
-            "runs": [{"tool": {"driver": {"name": "racecheck-mutate",
-                                          "informationUri": "https://github.com/racecheck",
-                                          "rules": rules}},
+    version = tool_info()["version"]
+    return {"$schema": SCHEMA_URI, "version": "2.1.0",
+            "runs": [{"tool": {"driver": {"name": "racecheck-mutate", "version": version,
+                                          "semanticVersion": version, "rules": rules}},
                       "results": results}]}
