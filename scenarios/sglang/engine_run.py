@@ -18,16 +18,13 @@ def run_pipeline(cfg: dict, ctx) -> dict:
     if ctx.session is not None:
         return _run(cfg, ctx.session, gpu=ctx.session.device != "sim")
     import torch
-    if torch.cuda.is_available() and not _routed():
+
+    from racecheck.session import active_session
+    if active_session() is None and torch.cuda.is_available():     # a real GPU, uninstrumented
         return _run(cfg, None, gpu=True)
     import racecheck
     with racecheck.session(device="sim", route_cuda=True) as rc:
         return _run(cfg, rc, gpu=False)
-
-
-def _routed() -> bool:
-    import torch
-    return getattr(torch.cuda.Stream, "__module__", "").startswith("racecheck")
 
 
 def _run(cfg: dict, rc, *, gpu: bool) -> dict:
