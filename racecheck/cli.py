@@ -11,7 +11,7 @@ import importlib
 import os
 import sys
 
-from .cliparse import Parser
+from .cliparse import Parser, exit_now_after_engine
 from .errors import EXIT_INTERNAL, EXIT_USAGE, InternalError, UsageError
 
 EXIT_BROKEN_PIPE = 141      # 128 + SIGPIPE, what a shell reports for a tool whose reader closed
@@ -97,3 +97,10 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def entry() -> int:
+    """The `racecheck` program (console script, `python -m racecheck`): `main`, then leave."""
+    status = main()
+    exit_now_after_engine(status)
+    return status

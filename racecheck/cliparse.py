@@ -6,7 +6,9 @@ subcommands share it without importing each other.
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import sys
 
 from .errors import UsageError
 
@@ -19,3 +21,13 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message):
         raise UsageError(f"{self.prog}: {message}")
+
+
+def exit_now_after_engine(status: int) -> None:
+    """A process that imported sglang can abort during interpreter teardown ("terminate called
+    without an active exception": a native thread still joinable when its owner is destroyed),
+    turning a finished run's status into 134. The work is done and reported: leave at once."""
+    if "sglang" in sys.modules:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)

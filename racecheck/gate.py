@@ -118,6 +118,14 @@ def _run(cmd, env=None) -> int:
     return subprocess.run(cmd, env=env).returncode
 
 
+def ci_entry() -> int:
+    """The `racecheck-gate` program (console script, `python -m racecheck.gate`)."""
+    from .cliparse import exit_now_after_engine
+    status = ci_main()
+    exit_now_after_engine(status)
+    return status
+
+
 def ci_main(argv=None) -> int:
     """Run the gate; returns the process exit code."""
     import sys
@@ -279,4 +287,4 @@ def markdown_summary(res: GateResult, meta: dict) -> str:
 
 if __name__ == "__main__":
     import sys
-    sys.exit(ci_main())
+    sys.exit(ci_entry())
