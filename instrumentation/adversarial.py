@@ -134,11 +134,13 @@ class _Op(_Item):
 
 
 class _Launch(_Item):
-    __slots__ = ("thunk", "name", "index")
+    __slots__ = ("thunk", "name", "index", "held", "keep")
 
     def __init__(self, seq, stream, thunk, name, index):
         super().__init__(seq, stream)
         self.thunk, self.name, self.index = thunk, name, index
+        self.held = ()
+        self.keep = ()
 
 
 class _Record(_Item):
@@ -235,11 +237,16 @@ class _OpInfo:
         self.name = oc.name
         rets = schema.returns
         self.single = len(rets) == 1
-        # Results the host sees at once (bool/int/float): the stream must be drained first.
-        self.sync = oc.data_dependent or any(
+        # Results the host sees at once (bool/int/float) computed from tensors: the stream must
+        # be drained first. Ops that take no tensor (`promote_types`, the profiler's
+        # `record_function`) read no device memory and wait for nothing, as on a GPU.
+        takes_tensors = any("Tensor" in str(a.type) for a in schema.arguments)
+        self.sync = oc.data_dependent or takes_tensors and any(
             not str(r.type).startswith(("Tensor", "Optional[Tensor]", "List[Tensor]"))
             for r in rets)
-        self.direct = oc.name in _METADATA_INPLACE or oc.name in _UNINITIALIZED
+        returns_tensors = any("Tensor" in str(r.type) for r in rets)
+        self.direct = (oc.name in _METADATA_INPLACE or oc.name in _UNINITIALIZED
+                       or not takes_tensors and not returns_tensors)
         args = schema.arguments
         alias_of = []
         for r in rets:
@@ -578,13 +585,22 @@ class AdversarialExecutor(Executor):
             return results[0], fresh
         return tuple(results), fresh
 
-    def launch(self, stream, thunk, name: str = "graph_replay") -> None:
+    def launch(self, stream, thunk, name: str = "graph_replay", keep=()) -> None:
+        """Queue `thunk()`; `keep`: storages it reaches that the program may drop meanwhile
+        (held like an op's arguments, and reported freed when the program dropped them)."""
         with self._lock:
             st = self._stream(stream)
             index = st.nops
             st.nops += 1
             self._issue_hold(st, index, name)
-            self._enqueue(st, _Launch(self._next_seq(), st, thunk, name, index))
+            item = _Launch(self._next_seq(), st, thunk, name, index)
+            if keep:
+                held = []
+                with _nomodes():
+                    item.keep = [self._alias(torch.empty(0, dtype=torch.uint8, device=s.device)
+                                             .set_(s), held) for s in keep]
+                item.held = held
+            self._enqueue(st, item)
             self._host_step()
 
     def record(self, event, stream) -> None:
@@ -743,7 +759,9 @@ class AdversarialExecutor(Executor):
             if isinstance(item, _Op):
                 self._release(item)
             else:
+                self._release_held(item.held)
                 item.thunk = None
+                item.held = item.keep = ()
 
     def _run_op(self, item: _Op) -> None:
         if item.on_execute is not None:
@@ -801,18 +819,21 @@ class AdversarialExecutor(Executor):
         return v
 
     def _release(self, item: _Op) -> None:
+        self._release_held(item.held)
+        item.args = item.kwargs = None
+        item.fresh = ()
+        item.on_execute = None
+        item.held = ()
+
+    def _release_held(self, cdatas) -> None:
         held = self._held
-        for cdata in item.held:
+        for cdata in cdatas:
             entry = held.get(cdata)
             if entry is None:
                 continue
             entry[0] -= 1
             if entry[0] <= 0:
                 del held[cdata]
-        item.args = item.kwargs = None
-        item.fresh = ()
-        item.on_execute = None
-        item.held = ()
 
     def _poll_dead(self) -> list:
         """Storage ids the program dropped while only queued ops still hold them (reported once)."""

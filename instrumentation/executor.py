@@ -20,8 +20,9 @@ class Executor:
     def run(self, stream, func, args, kwargs):
         return func(*args, **kwargs)
 
-    def launch(self, stream, thunk, name: str = "graph_replay") -> None:
-        """Device work with no result the host needs now (graph replays, Triton launches)."""
+    def launch(self, stream, thunk, name: str = "graph_replay", keep=()) -> None:
+        """Device work with no result the host needs now (graph replays, Triton launches);
+        `keep`: storages it reaches other than through arguments (queued executors hold them)."""
         thunk()
 
     def record(self, event, stream) -> None:

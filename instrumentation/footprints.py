@@ -69,7 +69,11 @@ class StorageRegistry:
             host_sids.discard(sid)
             # CPython runs this where the last reference went: the `del`, the rebinding, the
             # return that dropped the tensor (RC005 names that line); one user frame is enough
-            f = getframe(1)
+            try:
+                f = getframe(1)
+            except ValueError:          # dropped from C with no Python frame (GC at teardown)
+                dead.append((sid, ()))
+                return
             code = f.f_code
             if internal_files.get(code.co_filename) is False:
                 dead.append((sid, ((code, f.f_lasti),)))
@@ -90,6 +94,15 @@ class StorageRegistry:
             st = ref()
             if st is not None:
                 out.append((st.data_ptr(), st.nbytes(), sid, host))
+        return out
+
+    def live_storages(self) -> list:
+        """Every live registered storage (strong references)."""
+        out = []
+        for _sid, ref, _host in list(self._by_cdata.values()):
+            st = ref()
+            if st is not None:
+                out.append(st)
         return out
 
     def cdata_of(self, sid: int) -> int | None:

@@ -199,10 +199,15 @@ class KernelLauncher:
         ex.launch(stream, run, op)
         return None
 
-    def launch_measured(self, op: str, run, whole):
+    def launch_measured(self, op: str, run, whole, *, keep=None):
         """Run device work whose exact footprints are measured while it runs: `run()` returns
         (reads, writes) footprints. `whole()` gives covering footprints for a graph capture
-        (a replay may touch other addresses). Queued executors resolve the event when it ran."""
+        (a replay may touch other addresses). Queued executors resolve the event when it ran.
+
+        `keep()`: storages a queued executor must keep alive until the work ran, for kernels
+        that load pointers from memory: a tensor reached only through such a pointer is not an
+        argument the queue holds, and a CPU allocator reuses its memory as soon as the program
+        drops it (a GPU's stream-ordered caching allocator would not)."""
         b = self.backend
         sink = b.sink
         stack = stacks.capture()
@@ -223,7 +228,7 @@ class KernelLauncher:
             sink.emit(Kernel(thread, stream, r, w, op, stack))
             return None
         box = []
-        ex.launch(stream, lambda: box.append(run()), op)
+        ex.launch(stream, lambda: box.append(run()), op, keep=keep() if keep is not None else ())
 
         def resolve():
             if not box:

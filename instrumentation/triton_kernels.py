@@ -616,7 +616,8 @@ class TritonHook:
             r = launcher.footprints(list(reads) + list(unknown), why)
             w = launcher.footprints(list(writes) + list(unknown), why)
             return r, w
-        return launcher.launch_measured(acc.name, run, whole)
+        keep = reg.live_storages if acc.indirect else None
+        return launcher.launch_measured(acc.name, run, whole, keep=keep)
 
     def _interpret(self, fn, args, grid, kwargs):
         """Run the kernel in Triton's CPU interpreter; nested @triton.jit calls are interpreted

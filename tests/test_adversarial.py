@@ -210,6 +210,24 @@ def test_item_and_data_dependent_shapes_drain_their_stream():
     assert not rc.internal_errors
 
 
+def test_host_calls_that_read_no_tensor_do_not_drain_a_slow_stream():
+    # dtype promotion and profiler ranges return Python values without touching device memory
+    ex = AdversarialExecutor({"priorities": {"#0": -1}, "host": 0})
+    with racecheck.session(device="sim", executor=ex, route_cuda=True) as rc:
+        x = torch.zeros(4, device="cuda")
+        torch.cuda.synchronize()
+        x.add_(1)
+        queued = ex.pending()
+        assert queued
+        assert torch.promote_types(torch.int32, torch.int64) is torch.int64
+        with torch.profiler.record_function("step"):
+            pass
+        assert ex.pending() >= queued         # nothing ran: the add still waits for its turn
+        torch.cuda.synchronize()
+        assert x.tolist() == [1.0] * 4
+    assert not ex.stats["sync_fallback"]
+
+
 def test_pinned_host_reads_before_the_copy_runs_see_the_old_value():
     ex = AdversarialExecutor({})
     with racecheck.session(device="sim", executor=ex) as rc:

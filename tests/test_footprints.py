@@ -179,3 +179,17 @@ def test_stack_capture_finds_the_first_user_frame_on_every_path():
     lines = [frame_info(k.stack[0])[2] for k in kernels]
     assert lines == ["test_stack_capture_finds_the_first_user_frame_on_every_path"] * 2
     assert stacks._offsets
+
+
+def test_a_storage_dropped_with_no_python_frame_is_still_reported(monkeypatch):
+    # CPython may run the weakref callback from C with no frame above it (GC at teardown)
+    from racecheck.instrumentation import footprints
+
+    def no_frame(depth=0):
+        raise ValueError("call stack is not deep enough")
+    reg = footprints.StorageRegistry(lambda sid, nbytes, host: None)
+    t = torch.zeros(4)
+    sid, _ = reg.lookup(t)
+    monkeypatch.setattr(footprints, "getframe", no_frame)
+    del t
+    assert list(reg.dead) == [(sid, ())]

@@ -349,3 +349,29 @@ def test_sim_sees_stores_through_pointer_tables():
     assert got == 40.0
     assert [(f.rule, f.tensor, f.previous.op) for f in rc.findings] == [
         ("RC001", "kv", "store_through_table")]
+
+
+@triton.jit
+def copy_through_table(table, out, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    src = tl.load(table).to(tl.pointer_type(tl.float32))
+    tl.store(out + i, tl.load(src + i))
+
+
+def test_a_queued_kernel_keeps_what_it_reaches_through_pointer_tables():
+    # sglang's write_cache_indices reads each request's prefix through a table of data_ptr()s;
+    # the program may drop a prefix tensor before a slow stream runs the kernel. On a GPU the
+    # stream-ordered allocator keeps that memory from other work; the CPU allocator would not.
+    from racecheck.instrumentation.adversarial import AdversarialExecutor
+    ex = AdversarialExecutor({"priorities": {"#0": -1}, "host": 0})
+    with racecheck.session(device="sim", route_cuda=True, executor=ex) as rc:
+        out = torch.zeros(64, device="cuda")
+        src = torch.arange(64, dtype=torch.float32, device="cuda")
+        table = torch.tensor([src.data_ptr()], dtype=torch.int64, device="cuda")
+        copy_through_table[(1,)](table, out, BLOCK=64)
+        del src
+        churn = [torch.full((64,), -1.0) for _ in range(64)]    # reuses freed host memory
+        got = out.tolist()
+    assert got == [float(i) for i in range(64)]
+    assert len(churn) == 64 and rc.findings == [] and ex.faults == []
+    assert ex.stats["early_frees"] >= 1          # the drop was reported where it happened
