@@ -1,7 +1,9 @@
-"""`racecheck run SCENARIO [--variant V] [--set KNOB=VALUE ...] [--device D] [--seed N]`.
+"""`racecheck run SCENARIO [--variant V] [--set KNOB=VALUE ...] [--device D] [--seed N] [--plan P]`.
 
 Runs the scenario once under the detector and compares its outputs with a serialized run of the
-same inputs. Exit 0 clean, 1 findings or a differential mismatch, 2 usage error, 3 internal error.
+same inputs. With `--plan` (sim) the device work runs under the adversarial executor in the
+order the plan chooses, so a race shows what it does to the values, not only that it exists.
+Exit 0 clean, 1 findings or a differential mismatch, 2 usage error, 3 internal error.
 """
 from __future__ import annotations
 
@@ -21,7 +23,36 @@ def add_arguments(p) -> None:
     p.add_argument("--drop-sync", action="append", default=[], metavar="SITE", dest="drop_sync",
                    help="drop a synchronization site (repeatable; ids from `racecheck mutate "
                         "SCENARIO --list`, fnmatch patterns allowed)")
+    p.add_argument("--plan", default=None, metavar="PLAN",
+                   help="sim: run device work under the adversarial executor with this plan "
+                        "(JSON text or a JSON file), e.g. '{\"priorities\": {\"forward_stream\": -1}}'"
+                        " (a slow forward stream); see docs/FUZZING.md")
     add_gate_arguments(p)
+
+
+def load_plan(text: str, device: str) -> dict:
+    """The normalized executor plan of `--plan` (JSON text, or a file holding it)."""
+    import json
+    import os
+
+    from racecheck.errors import UsageError
+    from racecheck.instrumentation.adversarial import PlanError, normalize_plan
+    if device != "sim":
+        raise UsageError("--plan orders device work on sim only (on a GPU, use delays: "
+                         "racecheck fuzz --device cuda draws them)")
+    source = text
+    if not text.lstrip().startswith("{") and os.path.exists(text):
+        try:
+            with open(text, encoding="utf-8") as f:
+                source = f.read()
+        except OSError as exc:
+            raise UsageError(f"--plan {text}: {exc.strerror}") from None
+    try:
+        return normalize_plan(json.loads(source))
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--plan: not a JSON object or a file holding one ({exc.msg})") from None
+    except PlanError as exc:
+        raise UsageError(f"--plan: {exc}") from None
 
 
 def _seed(text: str) -> int:
@@ -32,7 +63,7 @@ def _seed(text: str) -> int:
         raise UsageError(f"--seed {text!r}: expected an integer") from None
 
 
-def repro_line(name: str, variant, sets: dict, device: str, seed: int) -> str:
+def repro_line(name: str, variant, sets: dict, device: str, seed: int, plan=None) -> str:
     parts = ["racecheck", "run", name]
     if variant:
         parts += ["--variant", variant]
@@ -42,6 +73,9 @@ def repro_line(name: str, variant, sets: dict, device: str, seed: int) -> str:
         parts += ["--device", device]
     if seed:
         parts += ["--seed", str(seed)]
+    if plan is not None:
+        import json
+        parts += ["--plan", json.dumps(plan, sort_keys=True, separators=(",", ":"))]
     return " ".join(shlex.quote(p) for p in parts)
 
 
@@ -61,6 +95,7 @@ def main(args) -> int:
     if args.report:
         from racecheck.reports import parse_report_specs
         parse_report_specs(args.report)
+    plan = load_plan(args.plan, args.device) if getattr(args, "plan", None) else None
 
     console = Console(highlight=False)
     changed = {k: v for k, v in cfg.items() if v != sc.config()[k]}
@@ -69,11 +104,19 @@ def main(args) -> int:
                   + (": " + ", ".join(f"{k}={sc.knobs[k].format(v)}" for k, v in changed.items())
                      if changed else ""), markup=False)
 
-    res = scenarios.run(sc, cfg, device=args.device, seed=args.seed)
+    options = {}
+    executor = None
+    if plan is not None:
+        from racecheck.instrumentation.adversarial import AdversarialExecutor
+        executor = options["executor"] = AdversarialExecutor(plan)
+        console.print("executor: adversarial, plan " + _plan_text(plan), markup=False,
+                      soft_wrap=True)
+    res = scenarios.run(sc, cfg, device=args.device, seed=args.seed, session_options=options)
     if res.internal_errors:
         raise InternalError(res.internal_errors[0].splitlines()[0])
+    faults = list(executor.faults) if executor is not None else []
 
-    repro = repro_line(sc.name, args.variant, sets, args.device, args.seed)
+    repro = repro_line(sc.name, args.variant, sets, args.device, args.seed, plan)
     meta = {"scenario": sc.name, "variant": args.variant or "", "device": args.device, "seed": args.seed,
             "config": cfg, "repro": repro, "time": res.seconds}
     code = finish(res.findings, args, meta, console=console)
@@ -85,6 +128,16 @@ def main(args) -> int:
     else:
         console.print(f"differential: MISMATCH: {res.diff_detail}", style="bold red", markup=False)
         code = max(code, 1)
+    for fault in faults[:3]:           # an op that failed under this order: a device fault
+        console.print(f"fault: {fault['op']} on {fault['stream']} failed when the plan ran it: "
+                      f"{fault['error']}", style="bold red", markup=False, soft_wrap=True)
+    if faults:
+        code = max(code, 1)
     if code:
         console.print(f"repro: {repro}", markup=False)
     return code
+
+
+def _plan_text(plan: dict) -> str:
+    import json
+    return json.dumps(plan, sort_keys=True, separators=(",", ":"))

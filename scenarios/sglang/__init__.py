@@ -36,7 +36,14 @@ SITE_PUBLISH_WAIT = "sglang.srt.managers.overlap_utils:FutureMap.resolve_seq_len
 SITE_REQ_POOL_PADDING = ("sglang.srt.model_executor.cuda_graph_buffer_registry:"
                          "CudaGraphBufferRegistry.fill_from:padding(req_pool_indices)#0")
 
+SITE_WAR_BARRIER = "sglang.srt.managers.scheduler:Scheduler._apply_war_barrier:wait_stream#0"
+
 DEFAULT_ARRIVALS = "0:3x8;0:1x2;3:2x5;5:1x4"
+# A short request ends on a stop token (so it rides one more forward), and a long one that
+# shares a 12-token prefix with an earlier request takes its req_to_token row at once: the
+# forward still reading that row for KV write locations lands in the shared prefix's slots.
+PREFIX_REUSE = {"topk": 2, "prefix_len": 12, "stop_token": 37,
+                "arrivals": "0:1x2+14;3:1x8+3;8:1x4+14;20:1x4+14"}
 
 
 def _arrivals(value):
@@ -49,6 +56,13 @@ KNOBS = [
     Knob("flavour", "cuda", "choice", "platform branches sglang takes: cuda, hip (ROCm: "
          "publish_ready.synchronize(), no WAR barrier), npu (Ascend: mrope recompute, no WAR "
          "barrier)", choices=("cuda", "hip", "npu")),
+    Knob("war_barrier", "auto", "choice", "Scheduler._apply_war_barrier (the schedule stream "
+         "waits for the forward after every run_batch): auto is upstream's choice (on for cuda; "
+         "off for hip and npu, SGLANG_ENABLE_WAR_BARRIER unset), on forces it (the env var), "
+         "off makes it a no-op", choices=("auto", "on", "off")),
+    Knob("forward_delay_us", 0, "int", "hold the forward stream this long before each "
+         "run_batch (a sleep kernel on a GPU; a hold under sim's adversarial executor): the "
+         "schedule stream's next step runs ahead", minimum=0, maximum=1_000_000),
     Knob("mrope", False, "bool", "an mrope (multimodal rotary) target model: spec mrope positions"),
     Knob("topk", 1, "int", "EAGLE topk (1: chain drafts; > 1: tree drafts)", minimum=1, maximum=4),
     Knob("steps", 3, "int", "speculative_num_steps", minimum=1, maximum=6),
@@ -59,6 +73,11 @@ KNOBS = [
          validator=_arrivals),
     Knob("shared_prefix", True, "bool", "every prompt starts with the same tokens (radix-cache "
          "prefix hits for requests that join later)"),
+    Knob("prefix_len", 3, "int", "length of the shared prompt prefix (a shorter prompt is all "
+         "prefix)", minimum=1, maximum=16),
+    Knob("stop_token", -1, "int", "a token that ends a request when it is generated (-1: none; "
+         "requests then end by length, which the scheduler predicts; a stop token it cannot "
+         "predict, so the finishing request rides one more forward)", minimum=-1),
     Knob("graph_bs", [1, 2, 4, 8], "int-list", "decode graph batch-size buckets"),
     Knob("max_steps", 80, "int", "scheduler loop iterations at most", minimum=1, maximum=1000),
     Knob("seed", 0, "int", "prompt tokens", minimum=0),
@@ -114,6 +133,19 @@ VARIANTS = [
             "flavour the WAR barrier after every forward orders it anyway, so the flavour is npu",
             also=[("RC002", "ReqToTokenPool.req_to_token")],
             drop_sync=(SITE_PUBLISH_WAIT,)),
+    Variant("rocm-prefix-reuse", dict(PREFIX_REUSE, flavour="hip"),
+            [("RC002", "ReqToTokenPool.req_to_token")],
+            "sglang as shipped for ROCm (no WAR barrier) on a workload that reuses a finished "
+            "request's req_to_token row for a request with a longer cached prefix: the forward "
+            "still reading the row for its KV write locations is unordered with the schedule "
+            "stream's write_cache_indices. Under a schedule-first order (`--plan`, "
+            "docs/FINDINGS.md) its verify writes land in the shared prefix's KV slots",
+            also=[("RC001", "*.seq_lens")]),
+    Variant("no-war_barrier", dict(PREFIX_REUSE), [("RC002", "ReqToTokenPool.req_to_token")],
+            "the same workload on the cuda flavour without Scheduler._apply_war_barrier's "
+            "`schedule_stream.wait_stream(forward_stream)`: the one edge that orders the "
+            "forward's req_to_token reads before the next step rewrites the rows",
+            drop_sync=(SITE_WAR_BARRIER,)),
     Variant("no-req_pool_padding_zero", {"graphs": True, "flavour": "npu"},
             [("RC006", "graph.req_pool_indices")],
             "the decode graph registry's req_pool_indices slot not zero-padded: padded rows keep "
@@ -144,7 +176,18 @@ SCENARIO = Scenario(
     reference=_reference,
     diff_fields={"output_ids": {"producer": "EAGLEWorkerV2.forward_batch_generation",
                                 "consumer": "SchedulerBatchResultProcessor.process_batch_result_decode",
-                                "stream": "forward_stream"}},
+                                "stream": "forward_stream"},
+                 # the request lifecycle (host-side: equal in every order) and the KV oracles
+                 # (oracles.py): where the target's KV writes landed
+                 "admissions": {"producer": "ScheduleBatch.prepare_for_extend",
+                                "consumer": "the scheduler loop", "stream": "schedule_stream"},
+                 "prefix_overwrites": {"producer": "set_kv_buffer at ForwardBatch.out_cache_loc",
+                                       "consumer": "RadixCache.match_prefix (the admitted "
+                                                   "request's prefix slots)",
+                                       "stream": "forward_stream"},
+                 "radix_kv": {"producer": "set_kv_buffer at ForwardBatch.out_cache_loc",
+                              "consumer": "RadixCache (the cached tokens' target KV)",
+                              "stream": "forward_stream"}},
     session_options=lambda cfg, device: {"route_cuda": device == "sim"},
     strategy=_strategy, drawn_knobs=("steps", "topk", "draft_tokens"))
 

@@ -35,7 +35,8 @@ def _run(cfg: dict, rc, *, gpu: bool) -> dict:
     engine = environment.load(interpret=not gpu)
     groups = parse_arrivals(cfg["arrivals"])
     arrivals = [Arrival(step, rid, prompt, new) for step, rid, prompt, new in
-                prompts(groups, seed=cfg["seed"], shared_prefix=cfg["shared_prefix"], vocab=VOCAB)]
+                prompts(groups, seed=cfg["seed"], shared_prefix=cfg["shared_prefix"], vocab=VOCAB,
+                        prefix_len=cfg["prefix_len"])]
     max_running = max(cfg["graph_bs"][-1], sum(g.count for g in groups))
     server_args = environment.configure(
         engine, topk=cfg["topk"], steps=cfg["steps"], draft_tokens=cfg["draft_tokens"],
@@ -47,10 +48,30 @@ def _run(cfg: dict, rc, *, gpu: bool) -> dict:
         stack.enter_context(environment.quiet(engine))
         stack.enter_context(environment.fresh_process(engine))
         war_barrier = stack.enter_context(platform.flavour(engine, cfg["flavour"]))
+        if cfg["war_barrier"] != "auto":
+            war_barrier = cfg["war_barrier"] == "on"
         stack.enter_context(environment.single_rank_graph_capture(engine))
         if rc is not None and rc.device == "sim":
             stack.enter_context(environment.padding_sites(engine, rc.sync_sites))
         scheduler = OverlapScheduler(engine, rc, server_args, run_cfg, war_barrier=war_barrier,
-                                     name=racecheck.name)
+                                     name=racecheck.name, delay=_delay(rc, gpu, cfg))
         outputs = scheduler.run(arrivals, cfg["max_steps"])
-    return {"output_ids": {rid: list(ids) for rid, ids in sorted(outputs.items())}}
+        oracles = scheduler.kv_oracles()
+    return {"output_ids": {rid: list(ids) for rid, ids in sorted(outputs.items())}, **oracles}
+
+
+def _delay(rc, gpu: bool, cfg: dict):
+    """How the scheduler holds the forward stream back (`forward_delay_us`): through the
+    session (a GPU sleep, or a hold under sim's adversarial executor), or a calibrated sleep
+    kernel on a GPU run without racecheck."""
+    if not cfg["forward_delay_us"]:
+        return None
+    if rc is not None or not gpu:
+        import racecheck
+        return racecheck.delay
+    import torch
+
+    from racecheck.instrumentation.delays import Sleeper
+    sleeper = Sleeper(torch.cuda, "cuda")
+    sleeper.prepare(torch.cuda.current_device())
+    return lambda stream, us: sleeper.sleep(stream, torch.cuda.current_device(), us)

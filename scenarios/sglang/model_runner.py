@@ -197,6 +197,7 @@ class TinyModelRunner:
         self.decode_attn_backend_group = [self.attn_backend]
         self.prefill_attention_backend_str = "triton"
         self.decode_cuda_graph_runner = None
+        self.kv_write_log = None            # oracles.KVWriteLog, set on the target's runner
         KVIndexTranslator = engine.need("kv_index_translator", "KVIndexTranslator")
         self.kv_index_translator = KVIndexTranslator(
             req_to_token=req_to_token_pool.req_to_token,
@@ -226,11 +227,14 @@ class TinyModelRunner:
         g = self.decode_cuda_graph_runner
         fb = forward_batch
         if g is not None and fb.forward_mode.is_cuda_graph() and g.can_run_graph(fb):
-            return ModelRunnerOutput(logits_output=g.execute(fb), can_run_graph=True)
-        if fb.needs_forward_metadata_init():
-            self.attn_backend.init_forward_metadata(fb)
-        out = self.model.forward(fb.input_ids, fb.positions, fb)
-        return ModelRunnerOutput(logits_output=out, can_run_graph=False)
+            out, graph = g.execute(fb), True
+        else:
+            if fb.needs_forward_metadata_init():
+                self.attn_backend.init_forward_metadata(fb)
+            out, graph = self.model.forward(fb.input_ids, fb.positions, fb), False
+        if self.kv_write_log is not None:
+            self.kv_write_log.record(fb.out_cache_loc)
+        return ModelRunnerOutput(logits_output=out, can_run_graph=graph)
 
     def sample(self, logits_output, forward_batch):
         """Greedy sampling (every request here is greedy)."""

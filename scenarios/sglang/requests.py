@@ -2,8 +2,8 @@
 
 `0:3x6;2:2x5+4` reads: at loop step 0 three requests join, each may generate 6 tokens; at step 2
 two more join with 4-token prompts (the default prompt length is 5). Prompts are deterministic
-from the run's seed; with `shared_prefix` they all start with the same tokens, so requests that
-join later hit the radix cache.
+from the run's seed; with `shared_prefix` they all start with the same `prefix_len` tokens (a
+shorter prompt is all prefix), so requests that join later hit the radix cache.
 """
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import random
 from dataclasses import dataclass
 
 DEFAULT_PROMPT_LEN = 5
-PREFIX_LEN = 3
+MIN_PROMPT_LEN = 3
+PREFIX_LEN = 3                  # the default shared prefix
 
 
 @dataclass(frozen=True)
@@ -37,9 +38,9 @@ def parse_arrivals(text) -> list:
         except ValueError:
             raise ValueError(f"{item!r}: expected STEP:COUNTxMAX_NEW_TOKENS[+PROMPT_LEN]") from None
         if g.step < 0 or not 1 <= g.count <= 16 or not 1 <= g.max_new_tokens <= 24 \
-                or not PREFIX_LEN <= g.prompt_len <= 16:
+                or not MIN_PROMPT_LEN <= g.prompt_len <= 16:
             raise ValueError(f"{item!r}: step >= 0, 1..16 requests, 1..24 new tokens, "
-                             f"prompts of {PREFIX_LEN}..16 tokens")
+                             f"prompts of {MIN_PROMPT_LEN}..16 tokens")
         groups.append(g)
     if not groups:
         raise ValueError("no requests")
@@ -52,15 +53,15 @@ def format_arrivals(groups) -> str:
                     for g in groups)
 
 
-def prompts(groups, *, seed: int, shared_prefix: bool, vocab: int):
+def prompts(groups, *, seed: int, shared_prefix: bool, vocab: int, prefix_len: int = PREFIX_LEN):
     """[(step, rid, prompt tokens, max_new_tokens)] in arrival order."""
     rng = random.Random(seed)
-    prefix = [rng.randrange(1, vocab) for _ in range(PREFIX_LEN)]
+    prefix = [rng.randrange(1, vocab) for _ in range(prefix_len)]
     out = []
     for g in groups:
         for _ in range(g.count):
-            head = list(prefix) if shared_prefix else [rng.randrange(1, vocab)
-                                                       for _ in range(PREFIX_LEN)]
-            tail = [rng.randrange(1, vocab) for _ in range(g.prompt_len - PREFIX_LEN)]
+            n = min(prefix_len, g.prompt_len)
+            head = prefix[:n] if shared_prefix else [rng.randrange(1, vocab) for _ in range(n)]
+            tail = [rng.randrange(1, vocab) for _ in range(g.prompt_len - n)]
             out.append((g.step, f"r{len(out)}", head + tail, g.max_new_tokens))
     return out

@@ -30,6 +30,7 @@ import torch
 
 from .eagle_worker_v2 import make_workers
 from .model_runner import CONTEXT_LEN, HIDDEN, VOCAB
+from .oracles import KVWriteLog, radix_kv_mismatches
 
 
 class _Ignored:
@@ -152,9 +153,10 @@ def make_pools(engine, *, rows: int, slots: int, radix: bool) -> Pools:
 class OverlapScheduler:
     """One scripted run of the overlap scheduler (see the module docstring)."""
 
-    def __init__(self, engine, rc, server_args, cfg, *, war_barrier: bool, name):
+    def __init__(self, engine, rc, server_args, cfg, *, war_barrier: bool, name, delay=None):
         self.engine = engine
         self.cfg = cfg
+        self.delay = delay
         dm = torch.get_device_module("cuda")
         self.pools = make_pools(engine, rows=cfg["max_running"] + 2, slots=cfg["kv_slots"],
                                 radix=cfg["radix_cache"])
@@ -163,6 +165,8 @@ class OverlapScheduler:
                                     draft_tokens=cfg["draft_tokens"], mrope=cfg["mrope"],
                                     graphs=cfg["graphs"], pools=self.pools)
         self.model_config = self.workers.target_runner.model_config
+        self.kv_log = KVWriteLog()
+        self.workers.target_runner.kv_write_log = self.kv_log
         declare_graph_inputs(engine, self.workers, name)
         self.outputs = OutputCollector()
         self.sched = self._assemble_scheduler(dm, war_barrier)
@@ -227,7 +231,9 @@ class OverlapScheduler:
         e = self.engine
         SamplingParams = e.need("sampling_params", "SamplingParams")
         Req = e.need("schedule_batch", "Req")
-        sp = SamplingParams(max_new_tokens=arrival.max_new_tokens, temperature=0)
+        stop = self.cfg["stop_token"]
+        sp = SamplingParams(max_new_tokens=arrival.max_new_tokens, temperature=0,
+                            stop_token_ids=[stop] if stop >= 0 else None)
         sp.normalize(None)
         req = Req(arrival.rid, "", array("q", arrival.prompt), sp, vocab_size=VOCAB)
         req.init_next_round_input(self.pools.tree_cache)
@@ -240,6 +246,8 @@ class OverlapScheduler:
             reqs, self.pools.req_to_token_pool, self.pools.allocator, self.pools.tree_cache,
             self.model_config, enable_overlap=True, spec_algorithm=self.EAGLE)
         batch.prepare_for_extend()
+        for req in batch.reqs:
+            self.kv_log.admit(self.step_no, req, self.pools.tree_cache.root_node)
         return batch
 
     # -- the loop ------------------------------------------------------------------------------
@@ -267,8 +275,11 @@ class OverlapScheduler:
         """One iteration of event_loop_overlap; False when there was nothing to do."""
         s = self.sched
         self.step_no += 1
+        self.kv_log.step = self.step_no
         batch = self.get_next_batch_to_run(arrivals)
         if batch is not None:
+            if self.delay is not None:
+                self.delay(s.forward_stream, self.cfg["forward_delay_us"])
             result = s.run_batch(batch)
             s._apply_war_barrier()
             s.result_queue.append((batch.copy(), result))
@@ -285,7 +296,8 @@ class OverlapScheduler:
             self.processor.process_batch_result_prefill(batch, result)
 
     def run(self, arrivals: list, max_steps: int):
-        """Run until every request finished (or max_steps); returns {rid: output ids}."""
+        """Run until every request finished (or max_steps); returns {rid: output ids}; the
+        KV oracles are read afterwards (`kv_oracles`)."""
         pending = sorted(arrivals, key=lambda a: a.step)
         dm = torch.get_device_module("cuda")
         with dm.stream(self.sched.schedule_stream):
@@ -298,4 +310,12 @@ class OverlapScheduler:
             while self.sched.result_queue:
                 self.pop_and_process()
         dm.synchronize()
+        self.kv_log.step = None
         return dict(self.outputs.outputs)
+
+    def kv_oracles(self) -> dict:
+        """The oracles' verdicts as output fields (oracles.py): empty when the KV is intact."""
+        bad = radix_kv_mismatches(self.pools.tree_cache, self.pools.target_kv.get_key_buffer(0))
+        return {"admissions": self.kv_log.admitted(),
+                "prefix_overwrites": self.kv_log.prefix_overwrites(),
+                "radix_kv": {"mismatched_slots": [slot for slot, *_ in bad]}}
