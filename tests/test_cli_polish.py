@@ -110,3 +110,23 @@ def test_an_empty_findings_file_says_empty(tmp_path, capsys, command):
     assert cli.main([command, str(p)]) == 2
     err = capsys.readouterr().err.strip()
     assert "empty file" in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("argv, text", [
+    (["run", "eagle-v2", "--plan", "{not json"], "--plan: not a JSON object"),
+    (["run", "eagle-v2", "--plan", '{"priorities": {"forward_stream": "fast"}}'], "--plan: "),
+    (["run", "eagle-v2", "--device", "cuda", "--plan", "{}"], "--plan orders device work on sim only"),
+])
+def test_run_plan_errors_are_one_line(capsys, argv, text):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert text in err and len(err.splitlines()) == 1, err
+
+
+def test_run_plan_from_a_file_is_shown_and_kept_in_the_repro_line(tmp_path, capsys):
+    plan = tmp_path / "plan.json"
+    plan.write_text('{"priorities": {"default": 3, "plan_stream": -1}, "host": 1}')
+    code = cli.main(["run", "eagle-v2", "--variant", "no-draft_done_event", "--plan", str(plan)])
+    out = capsys.readouterr().out
+    assert code == 1 and "executor: adversarial, plan" in out
+    assert "--plan" in out.split("repro:", 1)[1]

@@ -125,11 +125,16 @@ VARIANTS = [
             "a finished request's req_to_token row goes to a joining request while the forward that "
             "still ran the finished request may be reading it",
             value_visible=False,
-            why_benign="only the finished request's discarded last step can read the reused row"),
+            why_benign="benign in this model only: it has no radix cache, so the reused row holds "
+                       "the joining request's fresh slots, which its own prefill rewrites after "
+                       "the stale step. In sglang the row can start with a shared cached prefix, "
+                       "and the stale step takes its KV write locations from it: verify writes "
+                       "land in the shared prefix (docs/FINDINGS.md; sglang-eagle-v2's "
+                       "rocm-prefix-reuse variant)"),
     Variant("no-record_stream_keepalive",
             {"record_stream_keepalive": False, "plan_stream": True, "war_barrier": False},
             [("RC005", "seq_lens")],
-            "no record_stream, no keep-alive ring and no loop-top barrier (HIP's default): the "
+            "no record_stream, no keep-alive ring and no WAR barrier (HIP's default): the "
             "schedule stream reuses its pool for the next batch while the forward stream may still "
             "read the freed block",
             also=[("RC005", "input_ids"), ("RC005", "positions"), ("RC005", "out_cache_loc"),

@@ -1,9 +1,10 @@
 """`Scheduler`: the overlap event loop (schedule stream + forward stream) and the serialized loop.
 
-Iteration N+1 of `event_loop_overlap`: WAR barrier, `get_next_batch_to_run` (filter/merge,
+Iteration N+1 of `event_loop_overlap`: `get_next_batch_to_run` (filter/merge,
 `prepare_for_decode` writing `req_to_token` on the schedule stream), `run_batch` (resolve
-`seq_lens`, enter the forward stream, forward, stash, `copy_to_cpu`), then the result of batch N is
-processed on the host (`copy_done.synchronize()`, finishes, frees) while forward N+1 may run.
+`seq_lens`, enter the forward stream, forward, stash, `copy_to_cpu`), the WAR barrier, then the
+result of batch N is processed on the host (`copy_done.synchronize()`, finishes, frees) while
+forward N+1 may run.
 """
 from __future__ import annotations
 
@@ -78,16 +79,22 @@ class Scheduler:
         return self.outputs()
 
     def _overlap_step(self) -> None:
-        if self.server_args.war_barrier:
-            self.schedule_stream.wait_stream(self.forward_stream)
         batch = self.get_next_batch_to_run()
         if batch is not None:
             result = self.run_batch(batch)
+            self._apply_war_barrier()
             self.result_queue.append((batch.copy(), result))
         if self.last_batch is not None:
             tmp_batch, tmp_result = self.result_queue.popleft()
             self.process_batch_result(tmp_batch, tmp_result)
         self.last_batch = batch
+
+    def _apply_war_barrier(self) -> None:
+        """Right after run_batch, before the previous result is processed (sglang 0.5.23's
+        place): everything the schedule stream does next, freeing and reassigning rows
+        included, waits for the forward just launched."""
+        if self.server_args.war_barrier:
+            self.schedule_stream.wait_stream(self.forward_stream)
 
     def _normal_step(self) -> None:
         batch = self.get_next_batch_to_run()
