@@ -61,6 +61,10 @@ def test_the_detector_names_the_row_both_streams_touch(variant):
     assert admit, [f.message() for f in rows]
     assert all(f.previous.kind == "read" and f.previous.stream in (
         "forward_stream", "plan_stream(target)", "plan_stream(draft)") for f in admit)
+    # among them, verify prep reading the row for the KV write locations of r1's last step
+    kv_locs = [f for f in admit if f.previous.function == "assign_extend_cache_locs_uniform_func"]
+    assert kv_locs and any("eagle_prepare_for_verify" in frame
+                           for frame in kv_locs[0].previous.stack)
     assert res.diff_ok                                   # issue order: no wrong values
 
 
