@@ -97,3 +97,10 @@ def test_one_command_reproduction():
     assert p.returncode == 1, p.stdout + p.stderr
     assert "prefix_overwrites of request r2" in p.stdout
     assert "RC002" in p.stdout and "ReqToTokenPool.req_to_token" in p.stdout
+
+
+def test_unmodelled_combinations_are_one_line_usage_errors():
+    p = subprocess.run([sys.executable, "-m", "racecheck", "run", SC, "--set", "flavour=npu",
+                        "--set", "topk=2"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "npu flavour is modelled with topk 1" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1

@@ -93,6 +93,10 @@ def _resolve(cfg: dict) -> dict:
         raise ValueError("draft_tokens must be <= topk * steps + 1")
     if cfg["mrope"] and cfg["flavour"] == "hip":
         raise ValueError("mrope targets are modelled on cuda and npu")
+    if cfg["flavour"] == "npu" and cfg["topk"] > 1:
+        # on the Ascend branches a tree draft's forward reaches the model with out_cache_loc
+        # unset (the KV write gets no locations) with the tiny attention backend; not modelled
+        raise ValueError("the npu flavour is modelled with topk 1 (chain drafts)")
     return cfg
 
 
