@@ -71,10 +71,10 @@ from typing import NamedTuple
 
 from .clocks import join
 from .findings import Access, ContextEvent, FindingSet, Place, Race, describe
-from .replay import RECIPES_KEPT, ReplayPlan, simulate
+from .replay import RECIPES_KEPT, ReplayPlan, simulate, stable_form
 from .shadow import (StorageShadow, iv_add, iv_intersect, iv_normalize, iv_subtract,
                      iv_union)
-from .trace import (frame_info, Alloc, Copy, EventRecord, Free, GraphCapture, GraphReplay, HostAccess,
+from .trace import (frame_info, Alloc, AllocKernel, Copy, EventRecord, Free, GraphCapture, GraphReplay, HostAccess,
                     HostSync, Kernel, NameTensor, NameTimeline, RecordStream, StaleTolerant,
                     StreamWaitEvent, StreamWaitStream)
 
@@ -300,6 +300,9 @@ class Checker:
     # graph replays merged into shadow memory in one step where the per-op update could note
     # nothing (racecheck.replay); False runs every replay op by op (tests compare the two)
     merge_replays = True
+    # ... for graphs with at least this many captured accesses per interval of their replay
+    # footprint: a merged interval costs about what 2-3 per-op accesses cost (bench/sim_profile.py)
+    merge_min_accesses = 3
 
     def __init__(self, context_window: int = 64):
         self.context_window = int(context_window)
@@ -327,7 +330,7 @@ class Checker:
         self._stale_open: list = []    # _StaleIndex whose indexed memory was not written yet
         self._stale_seen: set = set()
         self._handlers = {
-            Kernel: self._on_kernel, Copy: self._on_copy, EventRecord: self._on_record,
+            Kernel: self._on_kernel, AllocKernel: self._on_alloc_kernel, Copy: self._on_copy, EventRecord: self._on_record,
             StreamWaitEvent: self._on_wait_event, StreamWaitStream: self._on_wait_stream,
             HostSync: self._on_host_sync, HostAccess: self._on_host_access,
             Alloc: self._on_alloc, Free: self._on_free, RecordStream: self._on_record_stream,
@@ -363,7 +366,9 @@ class Checker:
             h = self._handler_for(event)
             if h is None:
                 return
-        h(event, seq)
+        more = h(event, seq)
+        if more:            # an AllocKernel: its Alloc events took positions too
+            self._seq += more
         if self._pend:
             self._flush()
         if self._unsited and isinstance(event, _SITED):
@@ -387,7 +392,9 @@ class Checker:
                 if h is None:
                     h = self._handler_for(ev)
                 if h is not None:
-                    h(ev, s)
+                    more = h(ev, s)
+                    if more:    # an AllocKernel: its Alloc events took positions too
+                        seq += more
                     if self._pend:
                         self._flush()
                     if self._unsited and isinstance(ev, _SITED):
@@ -483,6 +490,16 @@ class Checker:
             self._read(ev.reads, rec, vc)
         if ev.writes:
             self._write(ev.writes, rec, vc, None)
+
+    def _on_alloc_kernel(self, ev, seq):
+        """Alloc events for `ev.allocs`, then the kernel (trace.AllocKernel); returns the number
+        of extra trace positions taken."""
+        thread = ev.thread
+        for block, stream, _nbytes, host in ev.allocs:
+            self._alloc(thread, block, stream, host)
+            seq += 1
+        self._on_kernel(ev, seq)
+        return len(ev.allocs)
 
     def _on_copy(self, ev, seq):
         s = self._launch(ev)
@@ -683,14 +700,15 @@ class Checker:
     # ---- allocator ----------------------------------------------------------------------------
 
     def _on_alloc(self, ev, seq):
+        self._alloc(ev.thread, ev.block, ev.stream, ev.host)
+
+    def _alloc(self, thread, blk, stream, host):
         tls = self._tl
-        if ev.thread not in tls:
-            self._new_host(ev.thread)
-        stream = ev.stream
+        if thread not in tls:
+            self._new_host(thread)
         if stream is not None and stream not in tls:
             self._new_stream(stream)
-        blk = ev.block
-        self._allocs[blk] = (stream, bool(ev.host))
+        self._allocs[blk] = (stream, bool(host))
         self._unsited.append(blk)
         self._shadow.pop(blk, None)
         if self._recstreams:
@@ -844,7 +862,8 @@ class Checker:
         plan = gr.plan
         if plan is None:
             plan = gr.plan = ReplayPlan(gr.ops)
-        if not (self.merge_replays and self._replay_merged(gr, plan, tid, c, seq, ev, vc)):
+        if not (self.merge_replays and plan.accesses >= self.merge_min_accesses * plan.intervals
+                and self._replay_merged(gr, plan, tid, c, seq, ev, vc)):
             for cop in gr.ops:
                 rec = (tid, c, seq, ev, cop, False, g)
                 if cop.reads:
@@ -876,15 +895,25 @@ class Checker:
                     and seq >= born[0] and gr.first_replay < born[1]:
                 return False         # a read of a view after the graph's own write: RC007 candidate
             for iv in sp.intervals:
-                lo, hi = iv.lo, iv.hi
+                lo = iv.lo
                 k0 = bisect_left(bounds, lo)
-                k1 = bisect_right(bounds, hi)
-                pre = []
-                if k0 >= len(bounds) or bounds[k0] != lo:
-                    pre.append(states[k0 - 1] if 0 < k0 <= nst else None)
-                for m in range(k0, k1):
-                    if bounds[m] < hi:
-                        pre.append(states[m] if m < nst else None)
+                st_ = iv.stable
+                if st_ is not None and bounds[k0:k0 + len(st_[0])] == st_[0]:
+                    # the structure the last replay left (segment for segment, in place)
+                    pre = states[k0:k0 + len(st_[1])]
+                    if None in pre:
+                        st_ = None
+                else:
+                    st_ = None
+                if st_ is None:
+                    hi = iv.hi
+                    k1 = bisect_right(bounds, hi)
+                    pre = []
+                    if k0 >= len(bounds) or bounds[k0] != lo:
+                        pre.append(states[k0 - 1] if 0 < k0 <= nst else None)
+                    for m in range(k0, k1):
+                        if bounds[m] < hi:
+                            pre.append(states[m] if m < nst else None)
                 for st in pre:
                     if st is None:
                         continue
@@ -901,13 +930,17 @@ class Checker:
                         for r in st[1].values():
                             if r[CLOCK] > vcget(r[TL], 0):
                                 return False
-                key = (tuple(bounds[k0:k1]), tuple(st is None for st in pre))
+                if st_ is not None:
+                    todo.append((iv, None, st_[1], pre))
+                    continue
+                key = (tuple(bounds[k0:k1]), tuple([st is None for st in pre]))
                 recipe = iv.recipes.get(key)
                 if recipe is None:
                     if len(iv.recipes) >= RECIPES_KEPT:
                         iv.recipes.clear()
+                        iv.stables.clear()
                     recipe = iv.recipes[key] = simulate(iv, key[0], key[1])
-                todo.append((iv, recipe))
+                todo.append((iv, recipe, key, None))
         # nothing can be noted: apply
         g = gr.gid
         ops = gr.ops
@@ -917,9 +950,28 @@ class Checker:
             sh = shadows.get(sp.storage)
             if sh is None:
                 sh = self._new_shadow(sp.storage)
-            bounds, states = sh.bounds, sh.states
+            states = sh.states
             for _ in sp.intervals:
-                iv, (inner, cells) = next(it)
+                iv, recipe, cells, pre = next(it)
+                if recipe is None:
+                    # in place, as the per-op update does it: each segment keeps its own reads
+                    for st, (wk, wv, rp, rop) in zip(pre, cells):
+                        if wk == 2:
+                            w = recs[wv]
+                            if w is None:
+                                w = recs[wv] = (tid, c, seq, ev, ops[wv], False, g)
+                            st[0] = w
+                        d = st[1]
+                        if rp < 0 and d:
+                            d.clear()
+                        if rop >= 0:
+                            r = recs[rop]
+                            if r is None:
+                                r = recs[rop] = (tid, c, seq, ev, ops[rop], False, g)
+                            d[tid] = r
+                    continue
+                key = cells
+                inner, cells = recipe
                 i, j = sh.span(iv.lo, iv.hi)
                 pre = states[i:j]
                 new = []
@@ -943,8 +995,13 @@ class Checker:
                             r = recs[rop] = (tid, c, seq, ev, ops[rop], False, g)
                         d[tid] = r
                     new.append([w, d])
-                bounds[i + 1:j] = inner
+                sh.bounds[i + 1:j] = inner
                 states[i:j] = new
+                # the next replay finds this structure if nothing else touched these bytes
+                stable = iv.stables.get(key, False)
+                if stable is False:
+                    stable = iv.stables[key] = stable_form(iv, recipe)
+                iv.stable = stable
             rd = sh.readers
             if rd and sp.written:
                 for g2, inp in rd:

@@ -6,6 +6,12 @@ only race with what its bytes held before it. `ReplayPlan` precomputes, per stor
 of the captured ops' byte intervals (the replay footprint) and, for each interval, the ops'
 ranges in the order the per-op update visits them.
 
+The checker merges a replay when the graph has at least `Checker.merge_min_accesses` captured
+accesses (byte ranges) per interval: merging an interval costs about what two or three per-op
+accesses cost, so a graph whose ops each touch their own buffers once gains nothing, while one
+whose ops keep coming back to the same buffers (a workspace, a residual stream) replays in time
+proportional to its intervals instead of its accesses.
+
 At a replay, `Checker._replay_merged` first reads the shadow state under every interval without
 changing it: if any earlier access there is unordered with the replaying stream (a race the
 per-op update would note), or a graph write there could make an RC007 candidate, the replay
@@ -33,7 +39,7 @@ RECIPES_KEPT = 8        # per interval; a structure that keeps changing stays on
 class _Interval:
     """One interval of a storage's replay footprint and the captured accesses inside it."""
 
-    __slots__ = ("lo", "hi", "actions", "has_write", "recipes")
+    __slots__ = ("lo", "hi", "actions", "has_write", "recipes", "stables", "stable")
 
     def __init__(self, lo, hi):
         self.lo = lo
@@ -41,6 +47,8 @@ class _Interval:
         self.actions = []        # (op index, is_write, lo, hi) in per-op update order
         self.has_write = False
         self.recipes = {}        # structure key -> (inner boundaries, cells)
+        self.stables = {}        # structure key -> stable_form of its recipe
+        self.stable = None       # stable_form of the last replay's result
 
 
 class _StoragePlan:
@@ -56,7 +64,7 @@ class _StoragePlan:
 class ReplayPlan:
     """Per storage (first-access order), the union of a graph's captured accesses."""
 
-    __slots__ = ("storages", "nops")
+    __slots__ = ("storages", "nops", "accesses", "intervals")
 
     def __init__(self, ops):
         self.nops = len(ops)
@@ -91,6 +99,8 @@ class ReplayPlan:
             if is_write:
                 iv.has_write = True
         self.storages = order
+        self.accesses = len(actions)
+        self.intervals = sum(len(sp.intervals) for sp in order)
 
 
 _TID = object()     # the replaying stream's key in stand-in read sets
@@ -159,3 +169,21 @@ def simulate(iv, inner, absent):
         rop = r[_TID][1] if _TID in r else -1
         cells.append((wk, wv, rp, rop))
     return tuple(b[a + 1:z]), tuple(cells)
+
+
+def stable_form(iv, recipe):
+    """(boundaries [lo, ..., hi], cells) when replaying `iv` on the structure its last replay
+    left gives that same structure back, each segment keeping its own write or reads or taking
+    a captured op's: the next replay that finds those boundaries (and no never-accessed
+    segment) can then update the segments in place. None otherwise."""
+    inner, cells = recipe
+    simulated = simulate(iv, (iv.lo, *inner, iv.hi), (False,) * (len(inner) + 1))
+    if simulated[0] != inner:
+        return None
+    for k, cell in enumerate(simulated[1]):
+        if cell is None:
+            return None
+        wk, wv, rp, _rop = cell
+        if (wk == 1 and wv != k) or wk == 0 or rp not in (-1, k):
+            return None
+    return [iv.lo, *inner, iv.hi], simulated[1]

@@ -74,6 +74,7 @@ def random_trace(seed: int) -> list:
 
 def _compare(evs):
     merged, per_op = Checker(), Checker()
+    merged.merge_min_accesses = 0       # merge every replay that can be merged
     per_op.merge_replays = False
     used = 0
     orig = merged._replay_merged
@@ -113,8 +114,9 @@ def test_steady_replay_loop_is_merged_and_quotes_the_captured_op():
     # a side stream reads the output without waiting: RC001, quoting the captured relu
     evs.append(Kernel(0, 2, (out,), (), "sum", (("m.py", 20, "read"),)))
     assert _compare(evs) >= 4
-    c = Checker().process_all(evs)
-    (f,) = c.findings
+    c = Checker()
+    c.merge_min_accesses = 0
+    (f,) = c.process_all(evs).findings
     assert f.rule == "RC001" and f.previous.op == "relu (replay of graph 1)"
 
 
@@ -125,3 +127,18 @@ def test_racy_replays_fall_back_to_per_op():
     evs = [GraphCapture(0, 1, ops), Kernel(0, 2, (), (a,), "w", ()), GraphReplay(0, 1, 1, ())]
     assert _compare(evs) == 0
     assert [f.rule for f in Checker().process_all(evs).findings] == ["RC001"]
+
+
+def test_merged_only_where_cheaper():
+    # ops that each touch their own buffer once: per-op; ops coming back to one buffer: merged
+    once = [CapturedOp((Footprint(k, ((0, 64),)),), (Footprint(10 + k, ((0, 64),)),), f"op{k}", ())
+            for k in range(1, 4)]
+    again = [CapturedOp((Footprint(1, ((0, 64),)),), (Footprint(2, ((0, 64),)),), f"op{k}", ())
+             for k in range(4)]
+    for ops, merged in ((once, False), (again, True)):
+        c = Checker()
+        used = []
+        orig = c._replay_merged
+        c._replay_merged = lambda *a: used.append(orig(*a)) or used[-1]
+        c.process_all([GraphCapture(0, 1, ops), GraphReplay(0, 1, 1, ()), GraphReplay(0, 1, 1, ())])
+        assert bool(used) is merged and all(used)
