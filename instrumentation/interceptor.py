@@ -470,7 +470,6 @@ def _fast_kernel(icp: Interceptor, oc, func):
         "op_stream": icp._op_stream, "execute": backend.execute, "emit": s.emit,
         "call": getattr(func, "_op", func),     # the C++ op behind the OpOverload: a frame less
         "iter_out_tensors": iter_out_tensors, "Kernel": Kernel, "_present": _present,
-        "emit_kernel": s.emit_kernel,
     }
     src = _plan_source(oc, backend.runs_at_issue, icp._op_stream is not None)
     # Named after this file, so that stack capture counts the plan's frame as racecheck's own;
@@ -529,27 +528,18 @@ def _plan_source(oc, direct: bool, by_device: bool) -> str:
         src += [f"    if {' or '.join(f + ' is None' for f in fs)}:",
                 f"        reads = _present({', '.join(reads)})",
                 f"        writes = _present({', '.join(writes)})"]
-    outs = None
     if oc.out_roles == (WRITE,):
-        outs = ["        if isinstance(out, tensor):",
-                "            f = fp(out)",
-                "            if f is not None:",
-                "                writes += (f,)",
-                "        else:",
-                "            writes += _present(*map(fp, iter_out_tensors(oc, out)))"]
+        src += ["    if isinstance(out, tensor):",
+                "        f = fp(out)",
+                "        if f is not None:",
+                "            writes += (f,)",
+                "    else:",
+                "        writes += _present(*map(fp, iter_out_tensors(oc, out)))"]
     elif WRITE in oc.out_roles:
-        outs = ["        writes += _present(*map(fp, iter_out_tensors(oc, out)))"]
-    if outs:
-        # outputs first seen here: their Alloc events go with the Kernel (one AllocKernel)
-        src += ["    tls.allocs = held = []", "    try:"] + outs + ["    finally:",
-                                                               "        tls.allocs = None"]
+        src += ["    writes += _present(*map(fp, iter_out_tensors(oc, out)))"]
     src += ["    thread = tls.tid",
             "    if thread is None:",
-            "        thread = s.thread_tid()"]
-    if outs:
-        src += ["    if held:",
-                "        emit_kernel(thread, stream, reads, writes, name, stack, held)",
-                "        return out"]
-    src += ["    emit(Kernel(thread, stream, reads, writes, name, stack))",
+            "        thread = s.thread_tid()",
+            "    emit(Kernel(thread, stream, reads, writes, name, stack))",
             "    return out"]
     return "\n".join(src) + "\n"

@@ -74,7 +74,7 @@ from .findings import Access, ContextEvent, FindingSet, Place, Race, describe
 from .replay import RECIPES_KEPT, ReplayPlan, simulate, stable_form
 from .shadow import (StorageShadow, iv_add, iv_intersect, iv_normalize, iv_subtract,
                      iv_union)
-from .trace import (frame_info, Alloc, AllocKernel, Copy, EventRecord, Free, GraphCapture, GraphReplay, HostAccess,
+from .trace import (frame_info, Alloc, Copy, EventRecord, Free, GraphCapture, GraphReplay, HostAccess,
                     HostSync, Kernel, NameTensor, NameTimeline, RecordStream, StaleTolerant,
                     StreamWaitEvent, StreamWaitStream)
 
@@ -330,7 +330,7 @@ class Checker:
         self._stale_open: list = []    # _StaleIndex whose indexed memory was not written yet
         self._stale_seen: set = set()
         self._handlers = {
-            Kernel: self._on_kernel, AllocKernel: self._on_alloc_kernel, Copy: self._on_copy, EventRecord: self._on_record,
+            Kernel: self._on_kernel, Copy: self._on_copy, EventRecord: self._on_record,
             StreamWaitEvent: self._on_wait_event, StreamWaitStream: self._on_wait_stream,
             HostSync: self._on_host_sync, HostAccess: self._on_host_access,
             Alloc: self._on_alloc, Free: self._on_free, RecordStream: self._on_record_stream,
@@ -366,9 +366,7 @@ class Checker:
             h = self._handler_for(event)
             if h is None:
                 return
-        more = h(event, seq)
-        if more:            # an AllocKernel: its Alloc events took positions too
-            self._seq += more
+        h(event, seq)
         if self._pend:
             self._flush()
         if self._unsited and isinstance(event, _SITED):
@@ -392,9 +390,7 @@ class Checker:
                 if h is None:
                     h = self._handler_for(ev)
                 if h is not None:
-                    more = h(ev, s)
-                    if more:    # an AllocKernel: its Alloc events took positions too
-                        seq += more
+                    h(ev, s)
                     if self._pend:
                         self._flush()
                     if self._unsited and isinstance(ev, _SITED):
@@ -490,16 +486,6 @@ class Checker:
             self._read(ev.reads, rec, vc)
         if ev.writes:
             self._write(ev.writes, rec, vc, None)
-
-    def _on_alloc_kernel(self, ev, seq):
-        """Alloc events for `ev.allocs`, then the kernel (trace.AllocKernel); returns the number
-        of extra trace positions taken."""
-        thread = ev.thread
-        for block, stream, _nbytes, host in ev.allocs:
-            self._alloc(thread, block, stream, host)
-            seq += 1
-        self._on_kernel(ev, seq)
-        return len(ev.allocs)
 
     def _on_copy(self, ev, seq):
         s = self._launch(ev)
@@ -700,15 +686,14 @@ class Checker:
     # ---- allocator ----------------------------------------------------------------------------
 
     def _on_alloc(self, ev, seq):
-        self._alloc(ev.thread, ev.block, ev.stream, ev.host)
-
-    def _alloc(self, thread, blk, stream, host):
         tls = self._tl
-        if thread not in tls:
-            self._new_host(thread)
+        if ev.thread not in tls:
+            self._new_host(ev.thread)
+        stream = ev.stream
         if stream is not None and stream not in tls:
             self._new_stream(stream)
-        self._allocs[blk] = (stream, bool(host))
+        blk = ev.block
+        self._allocs[blk] = (stream, bool(ev.host))
         self._unsited.append(blk)
         self._shadow.pop(blk, None)
         if self._recstreams:

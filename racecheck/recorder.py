@@ -12,8 +12,8 @@ import threading
 import traceback
 
 from .checker import Checker
-from .trace import (Alloc, AllocKernel, Copy, Free, GraphReplay, HostSync, Kernel, NameTimeline,
-                    StreamWaitEvent, StreamWaitStream, Trace, expand)
+from .trace import (Copy, Free, GraphReplay, HostSync, Kernel, NameTimeline, StreamWaitEvent,
+                    StreamWaitStream, Trace)
 
 # Events reach the checker in batches of this many (or sooner, when anything reads its results):
 # one tight loop over the checker's code and state costs far less than one visit per op.
@@ -24,13 +24,11 @@ class ThreadState(threading.local):
     """Per host thread; class defaults keep lookups free of AttributeError (slow) on the hot path.
 
     `tid` is the thread's host timeline; `capture` the graph being captured on this thread (set by
-    the backend); `internal` > 0 while racecheck itself reads tensors (not host reads); `allocs` a
-    list while an op's outputs are registered (their allocations go with its Kernel)."""
+    the backend); `internal` > 0 while racecheck itself reads tensors (not host reads)."""
 
     tid = None
     capture = None
     internal = 0
-    allocs = None
 
 
 class _Unresolved:
@@ -40,15 +38,6 @@ class _Unresolved:
 
     def __init__(self, event, resolve):
         self.event, self.resolve = event, resolve
-
-
-def _nth(batch, k):
-    """The event at trace position k of a batch (AllocKernels take several)."""
-    for ev in batch:
-        k -= 1 + len(ev.allocs) if type(ev) is AllocKernel else 1
-        if k < 0:
-            return ev
-    return batch[-1]
 
 
 class Recorder:
@@ -70,7 +59,6 @@ class Recorder:
         self._host_threads = 0
         self._pending = collections.deque()   # events (or _Unresolved) not yet checked, in order
         self._unresolved = 0
-        self._folded = 0               # Alloc events inside queued AllocKernels
         self._liveness = None          # executor hook: storage ids the program has dropped
         self._liveness_before = ()
         self._freed: set = set()       # storage ids whose Free was emitted early (by the hook)
@@ -156,36 +144,10 @@ class Recorder:
         if len(pending) >= BATCH and not self._busy:
             self.flush_pending()
 
-    def emit_alloc(self, thread, block, stream, nbytes, host) -> None:
-        """An `Alloc`; while an op's outputs are registered (`tls.allocs` is a list) it is held
-        there and goes with the op's Kernel (`emit_kernel`), at the same trace position."""
-        held = self.tls.allocs
-        if held is not None and self._liveness is None:
-            if self.dead:           # what emit() would queue before the Alloc
-                self._drain_dead()
-            held.append((block, stream, nbytes, host))
-            return
-        self.emit(Alloc(thread, block, stream, nbytes, host, ()))
-
-    def emit_kernel(self, thread, stream, reads, writes, op, stack, held) -> None:
-        """The Kernel of an op whose outputs' allocations were held (`emit_alloc`): one
-        AllocKernel, or the Alloc events and the Kernel when a storage died in between (its
-        Free goes between them, as it would have)."""
-        if not held:
-            self.emit(Kernel(thread, stream, reads, writes, op, stack))
-            return
-        if self.dead or self._liveness is not None:
-            for block, s, nbytes, host in held:
-                self._pending.append(Alloc(thread, block, s, nbytes, host, ()))
-            self.emit(Kernel(thread, stream, reads, writes, op, stack))
-            return
-        self._folded += len(held)
-        self.emit(AllocKernel(thread, stream, reads, writes, op, stack, tuple(held)))
-
     @property
     def position(self) -> int:
         """Trace index the next emitted event will have."""
-        return self.seq + len(self._pending) + self._folded
+        return self.seq + len(self._pending)
 
     def emit_pending(self, event, resolve) -> None:
         """Emit `event` whose footprints are not known yet (index values still on the device).
@@ -244,27 +206,21 @@ class Recorder:
 
     def _check(self, batch: list) -> None:
         """Record and check events taken off the queue, in order."""
-        n = len(batch)
-        if self._folded:
-            folded = sum(len(ev.allocs) for ev in batch if type(ev) is AllocKernel)
-            self._folded -= folded
-            n += folded
-        self.seq += n
+        self.seq += len(batch)
         if self._trace is not None:
-            self._trace.events.extend(expand(batch) if n != len(batch) else batch)
+            self._trace.events.extend(batch)
         if self.checking:
             checker = self._checker
             start = checker.events_processed
             try:
                 checker.process_all(batch)
             except Exception as exc:
-                failed = _nth(batch, checker.events_processed - start - 1)
+                failed = batch[checker.events_processed - start - 1]
                 self.internal_error(exc, f"while checking {type(failed).__name__}")
 
     def _drop_pending(self) -> None:
         self._pending.clear()
         self._unresolved = 0
-        self._folded = 0
 
     # -- storage deaths -------------------------------------------------------------------------
     def set_liveness_poll(self, poll, before=(HostSync, StreamWaitEvent, StreamWaitStream, Kernel,

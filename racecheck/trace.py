@@ -169,48 +169,6 @@ class Kernel(Event):
         self.stack = stack
 
 
-class AllocKernel(Kernel):
-    """A Kernel that comes with the storages first seen as its outputs, in memory only.
-
-    The same as an `Alloc` event per entry of `allocs` ((block, stream, nbytes, host), in order,
-    on the kernel's host thread, no stack) directly followed by the Kernel: the checker reads it
-    as those events and it takes their 1 + len(allocs) trace positions. It saves the per-op path
-    an event per temporary. Traces hold the expanded events (`expanded()`): a recorded or saved
-    trace has the same events, and the file format the same lines, as without it.
-    """
-
-    __slots__ = ("allocs",)
-
-    def __init__(self, thread, stream, reads, writes, op, stack, allocs):
-        self.thread = thread
-        self.stream = stream
-        self.reads = reads
-        self.writes = writes
-        self.op = op
-        self.stack = stack
-        self.allocs = allocs
-
-    def expanded(self) -> list:
-        t = self.thread
-        out = [Alloc(t, block, stream, nbytes, host, ()) for block, stream, nbytes, host in self.allocs]
-        out.append(Kernel(t, self.stream, self.reads, self.writes, self.op, self.stack))
-        return out
-
-    def to_json(self) -> dict:
-        raise TypeError("AllocKernel is not a trace line: save expanded() instead")
-
-
-def expand(events) -> list:
-    """`events` with every AllocKernel replaced by its Alloc events and Kernel."""
-    out = []
-    for ev in events:
-        if type(ev) is AllocKernel:
-            out.extend(ev.expanded())
-        else:
-            out.append(ev)
-    return out
-
-
 class Copy(Event):
     """H2D/D2H/D2D copy on `stream`. A blocking copy that involves host memory also blocks the host."""
 
@@ -458,10 +416,9 @@ class Trace:
 
     def dump(self, fp: IO[str]) -> None:
         fp.write(json.dumps({"format": self.FORMAT, "version": self.VERSION}) + "\n")
-        events = expand(self.events)
-        for ev in events:
+        for ev in self.events:
             fp.write(json.dumps(ev.to_json(), separators=(",", ":")) + "\n")
-        fp.write(json.dumps({"kind": self.END, "events": len(events)}) + "\n")
+        fp.write(json.dumps({"kind": self.END, "events": len(self.events)}) + "\n")
 
     def save(self, path) -> None:
         """Write atomically: a crash leaves either the old file or the whole new one."""
