@@ -11,6 +11,8 @@ code, run unchanged through torch.cuda routing) and, for the first two, plain si
 First the µs per iteration (median of timed blocks; plain where it means anything), then each
 workload once more under cProfile: own time per component (the categories of gpu_profile.py)
 and the top functions. cProfile inflates Python-call-heavy code: read the shares, not the µs.
+Last, the checker alone on synthetic graph replays (n captured ops alternating over k buffers),
+every replay merged (racecheck/replay.py) vs per op, side by side: µs per replay, min of rounds.
 """
 from __future__ import annotations
 
@@ -64,6 +66,32 @@ def _profile(fn, iters, rc, top):
     return breakdown(st), funcs
 
 
+def replay_merge(rounds=7, replays=300):
+    """{(ops, buffers): (per-op µs, merged µs)} per replay, checker only."""
+    from racecheck.checker import Checker
+    from racecheck.trace import CapturedOp, Footprint, GraphCapture, GraphReplay, HostSync, Kernel
+    out = {}
+    for nops, nbuf in ((6, 10), (6, 6), (12, 3), (24, 4), (48, 4)):
+        ops = [CapturedOp((Footprint(1 + k % nbuf, ((0, 4096),)),),
+                          (Footprint(1 + (k + 1) % nbuf, ((0, 4096),)),), f"op{k}", ())
+               for k in range(nops)]
+        evs = [GraphCapture(0, 1, ops)]
+        for _ in range(replays):
+            evs += [Kernel(0, 1, (), (Footprint(100, ((0, 64),)),), "fill_", ()),
+                    GraphReplay(0, 1, 1, ()), HostSync(0, "device", None)]
+        best = {}
+        for _ in range(rounds):
+            for merged in (False, True):
+                c = Checker()
+                c.merge_replays = merged
+                c.merge_min_accesses = 0
+                t = time.perf_counter()
+                c.process_all(evs)
+                best[merged] = min(best.get(merged, 1e9), (time.perf_counter() - t) / replays * 1e6)
+        out[(nops, nbuf)] = (best[False], best[True])
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
@@ -102,6 +130,12 @@ def main(argv=None) -> int:
         for f, us in r["top"]:
             print(f"    {us:7.2f}  {f}")
     print(f"findings in the routed session: {findings}")
+    merge = replay_merge(rounds=2 if args.quick else 7, replays=50 if args.quick else 300)
+    print("checker µs per replay, synthetic graphs (per op -> merged):")
+    for (nops, nbuf), (per_op, merged) in merge.items():
+        print(f"    {nops} ops over {nbuf} buffers ({2 * nops} accesses): {per_op:.1f} -> {merged:.1f}")
+    out["replay merge"] = {f"{n} ops over {b} buffers": {"per_op_us": p, "merged_us": m}
+                           for (n, b), (p, m) in merge.items()}
     if args.json:
         with open(args.json, "w") as fp:
             json.dump(out, fp, indent=2)
