@@ -22,7 +22,9 @@ that structure and records the result as a recipe (new boundaries; per segment, 
 write and its reads come from: an earlier state or captured op k). Recipes are cached per
 interval and structure, so a steady replay loop simulates once and then rebuilds each interval
 with one slice assignment, one record per captured op shared by every segment that op wrote or
-read last (the attribution findings quote: op name, stack, clock, trace position).
+read last (the attribution findings quote: op name, stack, clock, trace position). An interval
+that still has the boundaries its previous replay left, and whose recipe gives them back
+(`stable_form`), is updated in place, segment by segment, as the per-op update does.
 
 The result is the state the per-op update leaves, segment for segment: same boundaries, same
 record objects shared between the same segments, same read order per segment.
@@ -33,7 +35,7 @@ from bisect import bisect_left
 
 from .shadow import StorageShadow, iv_add
 
-RECIPES_KEPT = 8        # per interval; a structure that keeps changing stays on the per-op path
+RECIPES_KEPT = 8        # recipes cached per interval; beyond this the cache starts over
 
 
 class _Interval:
