@@ -4,6 +4,8 @@ Configurations, measured in interleaved rounds so drift hits all of them alike:
   plain      no instrumentation
   noop-mode  a TorchDispatchMode that only calls the op (the floor of any dispatch-mode tool)
   racecheck  racecheck.session(device="sim") (interception + footprints + stacks + online checker)
+  racecheck-routed  racecheck.session(device="sim", route_cuda=True): the same ops on tensors
+             placed on "cuda" through torch.cuda routing (made inside the session each round)
   csan       PyTorch's CUDA Stream Sanitizer decision logic (torch.cuda._sanitizer's own dispatch
              mode and event handler) driven on CPU tensors that claim to be CUDA tensors
 
@@ -60,21 +62,30 @@ def racecheck_sim():
         yield rc
 
 
+@contextlib.contextmanager
+def racecheck_routed():
+    with racecheck.session(device="sim", route_cuda=True) as rc:
+        yield rc
+
+
 CONFIGS = {
     "plain": contextlib.nullcontext,
     "noop-mode": NoopMode,
     "racecheck": racecheck_sim,
+    "racecheck-routed": racecheck_routed,
     "csan": csan_on_cpu,
 }
+# configurations whose workload tensors are placed on "cuda" inside the session (routing)
+ROUTED = {"racecheck-routed"}
 
 
-def make_workloads():
-    a, b = torch.ones(64), torch.ones(64)
-    w = torch.randn(16, 16)
-    h = torch.randn(4, 16)
-    table = torch.randn(32, 16)
-    idx = torch.tensor([1, 5, 7, 9])
-    buf = torch.zeros(4, 16)
+def make_workloads(device=None):
+    a, b = torch.ones(64, device=device), torch.ones(64, device=device)
+    w = torch.randn(16, 16, device=device)
+    h = torch.randn(4, 16, device=device)
+    table = torch.randn(32, 16, device=device)
+    idx = torch.tensor([1, 5, 7, 9], device=device)
+    buf = torch.zeros(4, 16, device=device)
 
     def add_op():
         a.add_(b)
@@ -109,8 +120,11 @@ def measure(quick: bool):
             for _ in range(rounds):
                 for cname, ctx in CONFIGS.items():
                     with ctx():
-                        at_depth(depth, fn, max(20, n // 10))  # warm up
-                        dt = at_depth(depth, fn, n)
+                        run = fn
+                        if cname in ROUTED:     # the same ops on tensors placed on "cuda"
+                            run = make_workloads("cuda")[wname][0]
+                        at_depth(depth, run, max(20, n // 10))  # warm up
+                        dt = at_depth(depth, run, n)
                     samples[cname].append(dt / (n * ops_per_call) * 1e6)
             results[(wname, depth)] = {c: statistics.median(v) for c, v in samples.items()}
     return results
@@ -125,15 +139,16 @@ def main(argv=None) -> int:
     from rich.table import Table
     results = measure(args.quick)
     table = Table(title="sim: µs per op (median), added over plain, and ratio to the do-nothing mode's cost")
-    for col in ("workload", "stack depth", "plain", "noop-mode +", "racecheck +", "csan +",
-                "racecheck / noop", "csan / racecheck"):
+    for col in ("workload", "stack depth", "plain", "noop-mode +", "racecheck +",
+                "routed +", "csan +", "racecheck / noop", "csan / racecheck"):
         table.add_column(col, justify="right")
     out = []
     for (wname, depth), r in results.items():
         plain = r["plain"]
         added = {c: r[c] - plain for c in r}
         table.add_row(wname, str(depth), f"{plain:.2f}", f"{added['noop-mode']:.2f}",
-                      f"{added['racecheck']:.2f}", f"{added['csan']:.2f}",
+                      f"{added['racecheck']:.2f}", f"{added['racecheck-routed']:.2f}",
+                      f"{added['csan']:.2f}",
                       f"{added['racecheck'] / max(added['noop-mode'], 1e-9):.2f}x",
                       f"{added['csan'] / max(added['racecheck'], 1e-9):.1f}x")
         out.append({"workload": wname, "depth": depth, "us_per_op": r, "added_us": added})

@@ -64,13 +64,14 @@ Choices where the rules leave room
 from __future__ import annotations
 
 import os
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import deque
 from dataclasses import replace
 from typing import NamedTuple
 
 from .clocks import join
 from .findings import Access, ContextEvent, FindingSet, Place, Race, describe
+from .replay import RECIPES_KEPT, ReplayPlan, simulate, stable_form
 from .shadow import (StorageShadow, iv_add, iv_intersect, iv_normalize, iv_subtract,
                      iv_union)
 from .trace import (frame_info, Alloc, Copy, EventRecord, Free, GraphCapture, GraphReplay, HostAccess,
@@ -208,11 +209,13 @@ class _GraphInput:
 
 
 class _Graph:
-    __slots__ = ("gid", "ops", "inputs", "nreplays", "first_replay", "last_replay", "captured")
+    __slots__ = ("gid", "ops", "inputs", "nreplays", "first_replay", "last_replay", "captured",
+                 "plan")
 
     def __init__(self, gid, ops, captured):
         self.gid = gid
         self.ops = ops
+        self.plan = None          # racecheck.replay.ReplayPlan, made at the first replay
         self.captured = captured  # seq of the capture: writes after it make memory "mutated"
         self.inputs = {}
         self.nreplays = 0
@@ -294,6 +297,13 @@ def _join_launch(s, h) -> None:
 
 
 class Checker:
+    # graph replays merged into shadow memory in one step where the per-op update could note
+    # nothing (racecheck.replay); False runs every replay op by op (tests compare the two)
+    merge_replays = True
+    # ... for graphs with at least this many captured accesses per interval of their replay
+    # footprint: a merged interval costs about what 2-3 per-op accesses cost (bench/sim_profile.py)
+    merge_min_accesses = 3
+
     def __init__(self, context_window: int = 64):
         self.context_window = int(context_window)
         self.finding_set = FindingSet()
@@ -834,16 +844,156 @@ class Checker:
             return
         if gr.inputs:
             self._check_rc006(gr, ev, seq, s)
-        for cop in gr.ops:
-            rec = (tid, c, seq, ev, cop, False, g)
-            if cop.reads:
-                self._read(cop.reads, rec, vc)
-            if cop.writes:
-                self._write(cop.writes, rec, vc, g)
+        plan = gr.plan
+        if plan is None:
+            plan = gr.plan = ReplayPlan(gr.ops)
+        if not (self.merge_replays and plan.accesses >= self.merge_min_accesses * plan.intervals
+                and self._replay_merged(gr, plan, tid, c, seq, ev, vc)):
+            for cop in gr.ops:
+                rec = (tid, c, seq, ev, cop, False, g)
+                if cop.reads:
+                    self._read(cop.reads, rec, vc)
+                if cop.writes:
+                    self._write(cop.writes, rec, vc, g)
         gr.nreplays += 1
         if gr.first_replay is None:
             gr.first_replay = seq
         gr.last_replay = _new(_Replay, (seq, tid, ev))
+
+    def _replay_merged(self, gr, plan, tid, c, seq, ev, vc) -> bool:
+        """The replay merged into shadow memory in one step per interval of its footprint
+        (racecheck.replay), when the per-op update could note nothing; False (nothing changed)
+        when it could: the caller then runs the per-op update."""
+        shadows = self._shadow
+        vcget = vc.get
+        graphs = self._graphs
+        todo = []
+        for sp in plan.storages:
+            sh = shadows.get(sp.storage)
+            if sh is None:
+                bounds = states = ()
+            else:
+                bounds, states = sh.bounds, sh.states
+            nst = len(states)
+            born = sp.born
+            if born is not None and sp.written and gr.first_replay is not None \
+                    and seq >= born[0] and gr.first_replay < born[1]:
+                return False         # a read of a view after the graph's own write: RC007 candidate
+            for iv in sp.intervals:
+                lo = iv.lo
+                k0 = bisect_left(bounds, lo)
+                st_ = iv.stable
+                if st_ is not None and bounds[k0:k0 + len(st_[0])] == st_[0]:
+                    # the structure the last replay left (segment for segment, in place)
+                    pre = states[k0:k0 + len(st_[1])]
+                    if None in pre:
+                        st_ = None
+                else:
+                    st_ = None
+                if st_ is None:
+                    hi = iv.hi
+                    k1 = bisect_right(bounds, hi)
+                    pre = []
+                    if k0 >= len(bounds) or bounds[k0] != lo:
+                        pre.append(states[k0 - 1] if 0 < k0 <= nst else None)
+                    for m in range(k0, k1):
+                        if bounds[m] < hi:
+                            pre.append(states[m] if m < nst else None)
+                for st in pre:
+                    if st is None:
+                        continue
+                    w = st[0]
+                    if w is not None:
+                        if w[CLOCK] > vcget(w[TL], 0):
+                            return False
+                        if born is not None and w[GRAPH] is not None and w[SEQ] >= born[0]:
+                            g2 = graphs.get(w[GRAPH])
+                            if g2 is not None and g2.first_replay is not None \
+                                    and g2.first_replay < born[1]:
+                                return False
+                    if iv.has_write:
+                        for r in st[1].values():
+                            if r[CLOCK] > vcget(r[TL], 0):
+                                return False
+                if st_ is not None:
+                    todo.append((iv, None, st_[1], pre))
+                    continue
+                key = (tuple(bounds[k0:k1]), tuple([st is None for st in pre]))
+                recipe = iv.recipes.get(key)
+                if recipe is None:
+                    if len(iv.recipes) >= RECIPES_KEPT:
+                        iv.recipes.clear()
+                        iv.stables.clear()
+                    recipe = iv.recipes[key] = simulate(iv, key[0], key[1])
+                todo.append((iv, recipe, key, None))
+        # nothing can be noted: apply
+        g = gr.gid
+        ops = gr.ops
+        recs = [None] * plan.nops
+        it = iter(todo)
+        for sp in plan.storages:
+            sh = shadows.get(sp.storage)
+            if sh is None:
+                sh = self._new_shadow(sp.storage)
+            states = sh.states
+            for _ in sp.intervals:
+                iv, recipe, cells, pre = next(it)
+                if recipe is None:
+                    # in place, as the per-op update does it: each segment keeps its own reads
+                    for st, (wk, wv, rp, rop) in zip(pre, cells):
+                        if wk == 2:
+                            w = recs[wv]
+                            if w is None:
+                                w = recs[wv] = (tid, c, seq, ev, ops[wv], False, g)
+                            st[0] = w
+                        d = st[1]
+                        if rp < 0 and d:
+                            d.clear()
+                        if rop >= 0:
+                            r = recs[rop]
+                            if r is None:
+                                r = recs[rop] = (tid, c, seq, ev, ops[rop], False, g)
+                            d[tid] = r
+                    continue
+                key = cells
+                inner, cells = recipe
+                i, j = sh.span(iv.lo, iv.hi)
+                pre = states[i:j]
+                new = []
+                for cell in cells:
+                    if cell is None:
+                        new.append(None)
+                        continue
+                    wk, wv, rp, rop = cell
+                    if wk == 2:
+                        w = recs[wv]
+                        if w is None:
+                            w = recs[wv] = (tid, c, seq, ev, ops[wv], False, g)
+                    elif wk == 1:
+                        w = pre[wv][0]
+                    else:
+                        w = None
+                    d = dict(pre[rp][1]) if rp >= 0 else {}
+                    if rop >= 0:
+                        r = recs[rop]
+                        if r is None:
+                            r = recs[rop] = (tid, c, seq, ev, ops[rop], False, g)
+                        d[tid] = r
+                    new.append([w, d])
+                sh.bounds[i + 1:j] = inner
+                states[i:j] = new
+                # the next replay finds this structure if nothing else touched these bytes
+                stable = iv.stables.get(key, False)
+                if stable is False:
+                    stable = iv.stables[key] = stable_form(iv, recipe)
+                iv.stable = stable
+            rd = sh.readers
+            if rd and sp.written:
+                for g2, inp in rd:
+                    if g2 != g:
+                        for lo, hi in sp.written:
+                            inp.fresh = iv_add(inp.fresh, lo, hi)
+        return True
 
     def _check_rc006(self, gr, ev, seq, s):
         for st, inp in gr.inputs.items():

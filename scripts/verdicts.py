@@ -3,6 +3,14 @@
     python scripts/verdicts.py snapshot before.json      # on the old tree
     python scripts/verdicts.py snapshot after.json       # on the new tree
     python scripts/verdicts.py compare before.json after.json
+    python scripts/verdicts.py snapshot --gc-off out.json   # cyclic garbage collection off
+
+Workloads whose tensors sit in reference cycles (sglang's objects) see those storages die when
+Python's cyclic garbage collector runs, which depends on how many objects everything in the
+process allocated, racecheck's checker included: a checker that allocates differently moves
+those `Free` events, and with them the trace positions findings quote. `--gc-off` keeps the
+collector off while each workload runs (and collects after it), so that two versions of the
+checker are compared on the same traces.
 
 Workloads: every public case on sim, every variant of every built-in
 scenario (eager executor, and the adversarial executor with a fixed plan seed), and each case's
@@ -11,6 +19,8 @@ trace saved as JSON lines and re-checked offline. Findings are compared field by
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import os
 import sys
@@ -18,6 +28,22 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+
+
+GC_OFF = False
+
+
+@contextlib.contextmanager
+def _workload():
+    if not GC_OFF:
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.collect()
 
 
 def _findings(fs) -> list:
@@ -33,7 +59,7 @@ def _cases() -> dict:
     out = {}
     for cid in sorted(EXPECTED):
         program = EXPECTED[cid][0]
-        with racecheck.session(device="sim", record_trace=True) as rc:
+        with _workload(), racecheck.session(device="sim", record_trace=True) as rc:
             keep = program(rc.device_module, "cpu")  # noqa: F841
         out[f"sim/{cid}"] = _findings(rc.findings)
         with tempfile.TemporaryDirectory() as d:
@@ -57,10 +83,12 @@ def _scenarios() -> dict:
         for variant in [None, *sc.variants]:
             cfg = sc.config(variant=variant)
             label = f"{name}/{variant or 'all-fixes'}"
-            res = scenarios.run(sc, cfg, device="sim", seed=0)
+            with _workload():
+                res = scenarios.run(sc, cfg, device="sim", seed=0)
             out[f"eager/{label}"] = _findings(res.findings)
             ex = AdversarialExecutor(PLAN)
-            res = scenarios.run(sc, cfg, device="sim", seed=0, session_options={"executor": ex})
+            with _workload():
+                res = scenarios.run(sc, cfg, device="sim", seed=0, session_options={"executor": ex})
             out[f"adversarial/{label}"] = _findings(res.findings)
     return out
 
@@ -87,6 +115,9 @@ def compare(a: str, b: str) -> int:
 
 
 if __name__ == "__main__":
+    if "--gc-off" in sys.argv:
+        sys.argv.remove("--gc-off")
+        GC_OFF = True
     if len(sys.argv) == 3 and sys.argv[1] == "snapshot":
         snapshot(sys.argv[2])
     elif len(sys.argv) == 4 and sys.argv[1] == "compare":
