@@ -43,6 +43,9 @@ def add_arguments(p) -> None:
     p.add_argument("--every-variant", action="store_true",
                    help="a tour: fuzz the scenario as shipped (a third of the budget), then each fix-off "
                         "variant until its first failure; a table of what was found, with repro commands")
+    p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE", dest="sets",
+                   help="fix a knob in every example (repeatable), e.g. --set flavour=npu; the fuzzer "
+                        "draws the others")
     p.add_argument("--drop-sync", action="append", default=[], metavar="SITE", dest="drop_sync",
                    help="drop a synchronization site in every example (repeatable; ids from "
                         "`racecheck mutate SCENARIO --list`)")
@@ -63,7 +66,8 @@ def _validate(args):
         parse_report_specs(args.report)
     if args.every_variant:
         for flag, bad in (("--variant", args.variant), ("--workers", args.workers > 1),
-                          ("--draw-switches", args.draw_switches), ("--max-examples", args.max_examples)):
+                          ("--draw-switches", args.draw_switches), ("--max-examples", args.max_examples),
+                          ("--set", args.sets), ("--drop-sync", args.drop_sync)):
             if bad:
                 raise UsageError(f"--every-variant picks the variants and a time budget itself; drop {flag}")
     return budget
@@ -75,7 +79,7 @@ def main(args) -> int:
     budget = _validate(args)
     if args.every_variant:
         return _tour(args, budget)
-    fixed = {"drop_sync": ",".join(args.drop_sync)} if args.drop_sync else None
+    fixed = _fixed(args)
     target = FuzzTarget(args.scenario, args.variant, device=args.device, draw_switches=args.draw_switches,
                         fixed=fixed)
     db = open_database(args.db)          # fails early (one line) on a bad path or unreachable Redis
@@ -98,6 +102,17 @@ def main(args) -> int:
         report = _run_one(args, target, db, budget, found, out)
         examples, elapsed, kinds = report.examples, report.elapsed, report.kinds
     return _summary(args, target, found, examples, elapsed, out, kinds)
+
+
+def _fixed(args) -> dict | None:
+    """The knobs every example keeps: `--set KNOB=VALUE` and `--drop-sync SITE`."""
+    from racecheck import scenarios
+    fixed = scenarios.parse_sets(args.sets)
+    if args.drop_sync:
+        if "drop_sync" in fixed:
+            raise UsageError("give the dropped sites either with --drop-sync or with --set drop_sync=, not both")
+        fixed["drop_sync"] = ",".join(args.drop_sync)
+    return fixed or None
 
 
 def _progress_columns():
@@ -156,7 +171,7 @@ def _run_workers(args, target, budget, found, out, err):
     from racecheck.fuzz import WorkerSpec, reproduce_command, run_workers
     spec = WorkerSpec(scenario=target.scenario, variant=target.variant, device=args.device,
                       draw_switches=args.draw_switches, db=args.db, seed=args.seed,
-                      findings_dir=args.findings_dir, budget_s=budget,
+                      findings_dir=args.findings_dir, budget_s=budget, fixed=tuple(sorted(target.fixed.items())),
                       max_examples=-(-args.max_examples // args.workers) if args.max_examples else None,
                       first_only=args.first)
     progress = None

@@ -42,7 +42,7 @@ from racecheck.errors import UsageError
 
 from . import _hypothesis as hyp
 from .keys import failure_kind
-from .repro import make_record, reproduce_command, save_record
+from .repro import make_record, record_filename, reproduce_command, save_record
 from .target import FuzzTarget, Outcome
 
 DEFAULT_DB = os.path.join(".racecheck", "examples")
@@ -361,7 +361,8 @@ class Fuzzer:
                 search={"examples": found.examples_to_find, "seconds": round(found.seconds_to_find, 3),
                         "shrunk": shrunk, "hypothesis": hypothesis.__version__,
                         "database_key": self.target.key.decode(), "worker": self.worker})
-            found.path = save_record(rec, self.findings_dir)
+            found.path = save_record(rec, self.findings_dir, record_filename(
+                self.target.scenario, self.target.variant, key, self.target.fixed))
         found.seconds_to_repro = time.monotonic() - self._t0
         self.report.failures[key] = found
         if self.db is not None:

@@ -42,11 +42,17 @@ def _slug(text: str, n: int = 48) -> str:
     return out.strip("-")[:n] or "failure"
 
 
-def record_filename(scenario: str, variant, key: str) -> str:
-    """Stable file name for one distinct failure of one scenario/variant (workers agree on it)."""
+def record_filename(scenario: str, variant, key: str, fixed: dict | None = None) -> str:
+    """Stable file name for one distinct failure of one scenario/variant (workers agree on it);
+    knobs the run fixed (`--set`, `--drop-sync`) make another target: `...-set-<hash>-...`."""
     import hashlib
-    h = hashlib.sha256(f"{scenario}|{variant or ''}|{key}".encode()).hexdigest()[:10]
-    return f"{_slug(scenario)}-{_slug(variant or 'all-fixes')}-{_slug(key, 40)}-{h}.json"
+    what = variant or "all-fixes"
+    salt = ""
+    if fixed:
+        salt = json.dumps(fixed, sort_keys=True, default=str)
+        what += "-set-" + hashlib.sha256(salt.encode()).hexdigest()[:6]
+    h = hashlib.sha256(f"{scenario}|{variant or ''}|{key}{'|' + salt if salt else ''}".encode()).hexdigest()[:10]
+    return f"{_slug(scenario)}-{_slug(what)}-{_slug(key, 40)}-{h}.json"
 
 
 def make_record(*, scenario: str, variant, device: str, seed: int, config: dict, plan, key: str,

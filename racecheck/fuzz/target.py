@@ -12,15 +12,29 @@ from .keys import finding_key
 KEY_VERSION = "v2"
 
 
-def database_key(scenario: str, variant=None, *, draw_switches: bool = False, device: str = "sim") -> bytes:
-    """`racecheck/v2/<scenario>/<variant>[+switches][@device]`: one corpus per target, whatever
-    the test's source (bumped when the strategies change incompatibly: v2 draws `explore` first)."""
+def database_key(scenario: str, variant=None, *, draw_switches: bool = False, device: str = "sim",
+                 fixed: dict | None = None) -> bytes:
+    """`racecheck/v2/<scenario>/<variant>[+switches][@device][{knob=value,...}]`: one corpus per
+    target, whatever the test's source (bumped when the strategies change incompatibly: v2 draws
+    `explore` first). Knobs the user fixed (`--set`, `--drop-sync`) are part of the target: a
+    failure of the code with a site dropped must not be replayed (and deleted) as the shipped
+    code's."""
     key = f"racecheck/{KEY_VERSION}/{scenario}/{variant or 'all-fixes'}"
     if draw_switches:
         key += "+switches"
     if device != "sim":
         key += f"@{device}"
+    if fixed:
+        key += "{" + ",".join(f"{k}={_text(v)}" for k, v in sorted(fixed.items())) + "}"
     return key.encode()
+
+
+def _text(value) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return str(value)
 
 
 @dataclass
@@ -75,10 +89,13 @@ class FuzzTarget:
         self.fixed = dict(fixed or {})
         if self.fixed:
             self.sc.config(self.variant, self.fixed)  # validate up front
+            # concrete values ("off" -> False, "1,2" -> [1, 2]): what strategies compare against
+            self.fixed = {k: v if v == "auto" else self.sc.knobs[k].parse(v) for k, v in self.fixed.items()}
 
     @property
     def key(self) -> bytes:
-        return database_key(self.scenario, self.variant, draw_switches=self.draw_switches, device=self.device)
+        return database_key(self.scenario, self.variant, draw_switches=self.draw_switches, device=self.device,
+                            fixed=self.fixed)
 
     @property
     def label(self) -> str:

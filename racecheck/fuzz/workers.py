@@ -28,6 +28,7 @@ class WorkerSpec:
     max_examples: int | None = None
     first_only: bool = False
     imports: tuple = ()
+    fixed: tuple = ()              # (knob, value) pairs every example keeps (--set, --drop-sync)
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,8 @@ def _worker_main(k: int, spec: WorkerSpec, queue) -> None:
             m = importlib.import_module(mod)
             if func:
                 getattr(m, func)()
-        target = FuzzTarget(spec.scenario, spec.variant, device=spec.device, draw_switches=spec.draw_switches)
+        target = FuzzTarget(spec.scenario, spec.variant, device=spec.device, draw_switches=spec.draw_switches,
+                            fixed=dict(spec.fixed))
         db = open_database(spec.db)
         seed = None if spec.seed is None else spec.seed + k
 

@@ -163,13 +163,10 @@ VARIANTS = [
 
 
 def _strategy(sc, fixed, explore):
-    """The fuzzer's own draws: a consistent speculative-decoding shape, when exploring."""
-    from hypothesis import strategies as st
-
-    from ..serving import spec_params
-    if not explore:
-        return st.just({})
-    return spec_params(sc).map(lambda sp: {k: v for k, v in sp.items() if k not in fixed})
+    """The fuzzer's own draws (`strategy.py`): the request schedule always; when exploring also
+    the spec shape, mrope, shared prefixes and graph buckets. The flavour stays the user's."""
+    from .strategy import overrides
+    return overrides(sc, fixed, explore)
 
 
 SCENARIO = Scenario(
@@ -193,7 +190,10 @@ SCENARIO = Scenario(
                               "consumer": "RadixCache (the cached tokens' target KV)",
                               "stream": "forward_stream"}},
     session_options=lambda cfg, device: {"route_cuda": device == "sim"},
-    strategy=_strategy, drawn_knobs=("steps", "topk", "draft_tokens"))
+    strategy=_strategy,
+    # flavour and max_steps are "drawn" by never changing them (see strategy.py)
+    drawn_knobs=("arrivals", "steps", "topk", "draft_tokens", "mrope", "shared_prefix", "graph_bs",
+                 "flavour", "max_steps"))
 
 
 def _engine_version():

@@ -1,0 +1,78 @@
+"""What `racecheck fuzz sglang-eagle-v2` draws: request schedules, spec shape, feature knobs.
+
+Every example draws a request schedule (`arrivals`), unless the user fixed it; an exploring
+example also draws the spec shape (topk/steps/draft tokens), an mrope target (where the flavour
+has one), radix-cache prefix sharing and the decode graph buckets. `graphs` and `seed` are drawn
+from their types by the generic strategy (so a variant's `graphs=on` stays). The platform
+flavour is never drawn: it stays the user's (`--set flavour=npu`, default cuda), because the hip
+and npu flavours of sglang 0.5.23 have known races (docs/FINDINGS.md) that an as-shipped cuda
+run must not report; fuzz each flavour as its own target. `max_steps` stays at its default: the
+loop ends when every request has finished; the cap only guards against a loop that never does.
+
+Bounds (one run of the real engine costs seconds on a CPU, the serialized reference run as
+much again): at most 4 request groups, joining at loop steps 0..6, of 1..6 requests each (counts
+around the graph buckets, so batches are padded), 1..8 new tokens each, prompts of 3..8 tokens.
+Every choice shrinks toward one request joining at step 0 with one new token, default prompt
+length, and the knobs' defaults.
+"""
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from ..serving import batch_sizes, spec_params
+from .requests import DEFAULT_PROMPT_LEN, PREFIX_LEN, Group, format_arrivals
+
+MAX_GROUPS = 4
+MAX_PER_GROUP = 6
+MAX_STEP = 6
+MAX_NEW_TOKENS = 8
+MAX_PROMPT_LEN = 8
+
+# decode graph bucket lists, the default first: padding to 2 (no bucket 1), a gap (3 -> 4),
+# one bucket below most batches (more eager batches)
+GRAPH_BUCKETS = ([1, 2, 4, 8], [2, 4, 8], [1, 4], [1, 2, 3, 4, 6, 8], [2])
+
+
+@st.composite
+def groups(draw, buckets=(1, 2, 4, 8)):
+    """A list of requests.Group: who joins at which loop step, how many, for how long."""
+    out = []
+    for i in range(draw(st.integers(1, MAX_GROUPS))):
+        step = 0 if i == 0 else draw(st.integers(0, MAX_STEP))
+        count = draw(batch_sizes(buckets, maximum=MAX_PER_GROUP))
+        new = draw(st.integers(1, MAX_NEW_TOKENS))
+        plen = draw(st.one_of(st.just(DEFAULT_PROMPT_LEN), st.integers(PREFIX_LEN, MAX_PROMPT_LEN)))
+        out.append(Group(step, count, new, plen))
+    return sorted(out, key=lambda g: g.step)
+
+
+def arrivals(buckets=(1, 2, 4, 8)) -> st.SearchStrategy:
+    """Request schedules in the `arrivals` knob's text form (`STEP:COUNTxNEW[+PROMPT];...`)."""
+    return groups(buckets).map(format_arrivals)
+
+
+@st.composite
+def overrides(draw, sc, fixed: dict, explore: bool):
+    """The overrides of `drawn_knobs` for one example; knobs in `fixed` are left alone."""
+    cfg = {}
+    buckets = fixed.get("graph_bs")
+    if buckets is None and explore:
+        buckets = draw(st.sampled_from(GRAPH_BUCKETS))
+        if buckets != sc.knobs["graph_bs"].default:
+            cfg["graph_bs"] = buckets
+    buckets = list(buckets or sc.knobs["graph_bs"].default)
+    if "arrivals" not in fixed:
+        cfg["arrivals"] = draw(arrivals(buckets))
+    if not explore:
+        return cfg
+    cfg.update({k: v for k, v in draw(spec_params(sc)).items() if k not in fixed})
+    if "shared_prefix" not in fixed:
+        shared = draw(st.one_of(st.just(True), st.booleans()))
+        if not shared:
+            cfg["shared_prefix"] = False
+    # mrope targets exist on cuda and npu only (`_resolve`); drawn on, never off, so that a
+    # variant that needs an mrope target keeps it
+    if "mrope" not in fixed and fixed.get("flavour", "cuda") != "hip":
+        if draw(st.one_of(st.just(False), st.booleans())):
+            cfg["mrope"] = True
+    return cfg
