@@ -1,0 +1,97 @@
+"""`racecheck fuzz sglang-eagle-v2`: Hypothesis over the real sglang loop's shapes and schedules.
+
+As shipped, the drawn shapes are clean under drawn executor plans; with a seed's synchronization
+site dropped the race is found, and the repro record it writes replays to the same finding
+through the CLI. Runs of the real engine cost seconds each, so these fuzz a handful of examples
+with a fixed seed (deterministic for a given Hypothesis version). Needs sglang 0.5.23 and triton.
+"""
+import fnmatch
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from racecheck.fuzz import FuzzTarget, Fuzzer
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("sglang") is None or importlib.util.find_spec("triton") is None,
+    reason="needs sglang 0.5.23 (pip install --no-deps sglang==0.5.23) and racecheck[sglang,triton]; "
+           "CI installs them")
+
+SC = "sglang-eagle-v2"
+SITE = "sglang.srt.speculative.eagle_worker_v2:EagleDraftWorker._draft_extend_for_decode:wait_stream#0"
+
+
+def _drawn(target, n=200):
+    out = []
+
+    @settings(max_examples=n, database=None, derandomize=True, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(target.strategy())
+    def collect(example):
+        out.append(target.concrete_config(example))
+    collect()
+    return out
+
+
+def test_the_strategy_draws_valid_bounded_shapes_and_keeps_what_is_fixed():
+    from racecheck.scenarios.sglang.requests import parse_arrivals
+    from racecheck.scenarios.sglang.strategy import MAX_GROUPS, MAX_NEW_TOKENS, MAX_PER_GROUP
+    cfgs = _drawn(FuzzTarget(SC))
+    for cfg in cfgs:
+        groups = parse_arrivals(cfg["arrivals"])
+        assert len(groups) <= MAX_GROUPS and groups[0].step == 0
+        assert all(g.count <= MAX_PER_GROUP and g.max_new_tokens <= MAX_NEW_TOKENS for g in groups)
+        assert cfg["flavour"] == "cuda" and cfg["max_steps"] == 80
+    assert {c["graphs"] for c in cfgs} == {True, False}
+    assert {c["mrope"] for c in cfgs} == {True, False}
+    assert {c["shared_prefix"] for c in cfgs} == {True, False}
+    assert len({c["topk"] for c in cfgs}) > 1 and len({tuple(c["graph_bs"]) for c in cfgs}) > 1
+    # the user's knobs stay; no mrope target on the hip flavour (sglang has none)
+    hip = _drawn(FuzzTarget(SC, fixed={"flavour": "hip", "arrivals": "0:2x3"}), 100)
+    assert all(c["flavour"] == "hip" and not c["mrope"] and c["arrivals"] == "0:2x3" for c in hip)
+    # a variant's feature knobs stay (its race needs them)
+    for c in _drawn(FuzzTarget(SC, "no-verify_plan_wait-mrope"), 100):
+        assert c["graphs"] and c["mrope"]
+    for c in _drawn(FuzzTarget(SC, "no-futuremap_publish_wait"), 100):
+        assert c["flavour"] == "npu"
+
+
+def test_as_shipped_drawn_shapes_and_plans_are_clean():
+    configs = []
+    target = FuzzTarget(SC)
+    run = target.run
+
+    def recording(example):
+        outcome = run(example)
+        configs.append((outcome.config, outcome.keys))
+        return outcome
+    target.run = recording
+    report = Fuzzer(target, database=None, max_examples=3, budget_s=600, seed=5, write=False).run()
+    assert report.examples == 3
+    assert not report.failures, [(c, k) for c, k in configs if k]
+
+
+def test_a_dropped_site_is_found_and_its_record_replays(tmp_path):
+    """The `no-draft_extend_plan_wait` seed (no graphs needed) as `--drop-sync`; a schedule that
+    decodes is fixed with --set, so the first example already shows the race."""
+    findings = tmp_path / "findings"
+    cmd = [sys.executable, "-m", "racecheck", "fuzz", SC, "--drop-sync", SITE, "--set", "arrivals=0:2x4",
+           "--budget", "10s", "--first", "--seed", "1", "--db", str(tmp_path / "db"),
+           "--findings-dir", str(findings), "--quiet"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    records = sorted(findings.glob("*.json"))
+    assert len(records) == 1, proc.stdout
+    rec = json.loads(records[0].read_text())
+    key = rec["failure"]["key"]
+    assert rec["failure"]["rule"] == "RC001" and fnmatch.fnmatchcase(rec["failure"]["tensor"], "*.seq_lens"), key
+    assert rec["config"]["drop_sync"] == SITE and rec["config"]["arrivals"] == "0:2x4"
+    assert "-set-" in records[0].name                 # not named as the shipped code's failure
+    replay = subprocess.run([sys.executable, "-m", "racecheck", "repro", str(records[0])],
+                            capture_output=True, text=True, timeout=600)
+    assert replay.returncode == 1, replay.stdout + replay.stderr
+    assert f"reproduced: {key}" in replay.stdout
