@@ -97,6 +97,19 @@ def test_database_key_is_stable_and_names_scenario_and_variant():
     assert b"racecheck/v2/toy-pipeline/no-event_fix" in db.data
 
 
+def test_knobs_the_user_fixed_make_another_target():
+    from racecheck.fuzz import record_filename
+    assert database_key("eagle-v2", fixed={"graphs": False, "drop_sync": "m:f:wait#0"}) == \
+        b"racecheck/v2/eagle-v2/all-fixes{drop_sync=m:f:wait#0,graphs=off}"
+    shipped = record_filename("eagle-v2", None, "RC001 x")
+    dropped = record_filename("eagle-v2", None, "RC001 x", {"drop_sync": "m:f:wait#0"})
+    assert shipped.startswith("eagle-v2-all-fixes-RC001") and "-all-fixes-set-" in dropped
+    assert record_filename("eagle-v2", None, "RC001 x", {"drop_sync": "m:f:wait#0"}) == dropped
+    # values given as text on the command line are compared as the knobs' own values
+    t = FuzzTarget("eagle-v2", fixed={"graphs": "off"})
+    assert t.fixed == {"graphs": False} and t.key.endswith(b"{graphs=off}")
+
+
 def test_the_racecheck_profile_is_loaded_and_the_previous_one_restored():
     from hypothesis import settings
     before = settings.get_current_profile_name()
