@@ -46,6 +46,7 @@ def test_the_strategy_draws_valid_bounded_shapes_and_keeps_what_is_fixed():
         assert len(groups) <= MAX_GROUPS and groups[0].step == 0
         assert all(g.count <= MAX_PER_GROUP and g.max_new_tokens <= MAX_NEW_TOKENS for g in groups)
         assert cfg["flavour"] == "cuda" and cfg["max_steps"] == 80
+        assert cfg["steps"] + 1 <= cfg["draft_tokens"] <= cfg["topk"] * cfg["steps"] + 1
     assert {c["graphs"] for c in cfgs} == {True, False}
     assert {c["mrope"] for c in cfgs} == {True, False}
     assert {c["shared_prefix"] for c in cfgs} == {True, False}
@@ -53,6 +54,9 @@ def test_the_strategy_draws_valid_bounded_shapes_and_keeps_what_is_fixed():
     # the user's knobs stay; no mrope target on the hip flavour (sglang has none)
     hip = _drawn(FuzzTarget(SC, fixed={"flavour": "hip", "arrivals": "0:2x3"}), 100)
     assert all(c["flavour"] == "hip" and not c["mrope"] and c["arrivals"] == "0:2x3" for c in hip)
+    for fixed in ({"topk": 1}, {"steps": 5}, {"topk": 2, "steps": 1}):
+        for c in _drawn(FuzzTarget(SC, fixed=fixed), 50):       # no draw a knob check rejects
+            assert all(c[k] == v for k, v in fixed.items())
     # a variant's feature knobs stay (its race needs them)
     for c in _drawn(FuzzTarget(SC, "no-verify_plan_wait-mrope"), 100):
         assert c["graphs"] and c["mrope"]

@@ -51,6 +51,26 @@ def arrivals(buckets=(1, 2, 4, 8)) -> st.SearchStrategy:
     return groups(buckets).map(format_arrivals)
 
 
+def _spec_shape(sp: dict, fixed: dict) -> dict:
+    """The drawn spec shape, consistent with the knobs the user fixed, and one sglang runs.
+
+    sglang 0.5.23's tree verify gathers the accepted path (steps + 1 tokens) into each request's
+    block of draft tokens (`eagle_worker_common._compact_accept_to_front`): with topk > 1 and
+    fewer than steps + 1 draft tokens it raises a shape error (an engine limit, not a race; its
+    server arguments do not reject the combination), so draft tokens stay >= steps + 1."""
+    steps = fixed.get("steps", sp["steps"])
+    topk = fixed.get("topk", sp["topk"])
+    out = {k: v for k, v in sp.items() if k not in fixed}
+    if "draft_tokens" not in fixed:
+        draft = sp["draft_tokens"]
+        if topk == 1:
+            draft = "auto"
+        elif draft != "auto":
+            draft = min(max(draft, steps + 1), topk * steps + 1)
+        out["draft_tokens"] = draft
+    return out
+
+
 @st.composite
 def overrides(draw, sc, fixed: dict, explore: bool):
     """The overrides of `drawn_knobs` for one example; knobs in `fixed` are left alone."""
@@ -65,7 +85,7 @@ def overrides(draw, sc, fixed: dict, explore: bool):
         cfg["arrivals"] = draw(arrivals(buckets))
     if not explore:
         return cfg
-    cfg.update({k: v for k, v in draw(spec_params(sc)).items() if k not in fixed})
+    cfg.update(_spec_shape(draw(spec_params(sc)), fixed))
     if "shared_prefix" not in fixed:
         shared = draw(st.one_of(st.just(True), st.booleans()))
         if not shared:
