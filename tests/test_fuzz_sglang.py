@@ -39,7 +39,8 @@ def _drawn(target, n=200):
 
 def test_the_strategy_draws_valid_bounded_shapes_and_keeps_what_is_fixed():
     from racecheck.scenarios.sglang.requests import parse_arrivals
-    from racecheck.scenarios.sglang.strategy import MAX_GROUPS, MAX_NEW_TOKENS, MAX_PER_GROUP
+    from racecheck.scenarios.sglang.strategy import (KV_BUDGET, MAX_GROUPS, MAX_NEW_TOKENS, MAX_PER_GROUP,
+                                                      kv_demand)
     cfgs = _drawn(FuzzTarget(SC))
     for cfg in cfgs:
         groups = parse_arrivals(cfg["arrivals"])
@@ -47,6 +48,7 @@ def test_the_strategy_draws_valid_bounded_shapes_and_keeps_what_is_fixed():
         assert all(g.count <= MAX_PER_GROUP and g.max_new_tokens <= MAX_NEW_TOKENS for g in groups)
         assert cfg["flavour"] == "cuda" and cfg["max_steps"] == 80
         assert cfg["steps"] + 1 <= cfg["draft_tokens"] <= cfg["topk"] * cfg["steps"] + 1
+        assert kv_demand(groups, cfg["steps"], cfg["topk"], cfg["draft_tokens"]) <= KV_BUDGET
     assert {c["graphs"] for c in cfgs} == {True, False}
     assert {c["mrope"] for c in cfgs} == {True, False}
     assert {c["shared_prefix"] for c in cfgs} == {True, False}

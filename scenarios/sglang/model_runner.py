@@ -205,7 +205,14 @@ class TinyModelRunner:
             token_to_kv_pool=token_to_kv_pool, page_size=1, device="cuda",
             is_draft_worker=is_draft)
         GraphSharedOutput = engine.need("graph_shared_output", "GraphSharedOutput")
-        self.graph_shared_output = GraphSharedOutput(device="cuda", max_rows=64)
+        # rows for the largest decode graph bucket's logits, as ModelRunner.max_decode_logits_rows
+        # sizes it (bucket x draft tokens; the draft graphs need bucket x topk)
+        decode = getattr(getattr(server_args, "cuda_graph_config", None), "decode", None)
+        buckets = list(getattr(decode, "bs", None) or [1])
+        per_req = max(int(server_args.speculative_num_draft_tokens or 1),
+                      int(server_args.speculative_eagle_topk or 1))
+        self.graph_shared_output = GraphSharedOutput(device="cuda",
+                                                     max_rows=max(64, max(buckets) * per_req))
         self.shared_read_done_event = None
         self.lora_manager = None
         self.canary_manager = None

@@ -11,7 +11,8 @@ loop ends when every request has finished; the cap only guards against a loop th
 
 Bounds (one run of the real engine costs seconds on a CPU, the serialized reference run as
 much again): at most 4 request groups, joining at loop steps 0..6, of 1..6 requests each (counts
-around the graph buckets, so batches are padded), 1..8 new tokens each, prompts of 3..8 tokens.
+around the graph buckets, so batches are padded), 1..8 new tokens each, prompts of 3..8 tokens;
+later requests are dropped until the schedule's KV demand fits the harness's pool (`KV_BUDGET`).
 Every choice shrinks toward one request joining at step 0 with one new token, default prompt
 length, and the knobs' defaults.
 """
@@ -51,6 +52,42 @@ def arrivals(buckets=(1, 2, 4, 8)) -> st.SearchStrategy:
     return groups(buckets).map(format_arrivals)
 
 
+# The harness's KV pool has 512 slots (engine_run.KV_SLOTS). When it fills, sglang retracts
+# requests (`retract_decode`), scheduler bookkeeping the harness does not model; so drawn
+# schedules keep their KV demand (prompt, new tokens, and per decode step the drafts and the
+# verify window) within three quarters of the pool.
+KV_BUDGET = 384
+
+
+def _defaults(sc) -> dict:
+    return {k: sc.knobs[k].default for k in ("steps", "topk", "draft_tokens")}
+
+
+def kv_demand(groups, steps: int, topk: int, draft_tokens) -> int:
+    """A bound on the KV slots a schedule takes: per request its prompt, its new tokens and
+    one decode step's drafts (topk x steps) and verify window (draft tokens)."""
+    if draft_tokens == "auto":
+        draft_tokens = steps + 1 if topk == 1 else 2 * steps
+    per_step = topk * steps + int(draft_tokens)
+    return sum(g.count * (g.prompt_len + g.max_new_tokens + per_step) for g in groups)
+
+
+def _within_kv(text: str, cfg: dict) -> str:
+    """The drawn schedule with its later requests dropped until it fits KV_BUDGET."""
+    from .requests import parse_arrivals
+    out = []
+    for g in parse_arrivals(text):
+        while g.count > 0 and kv_demand(out + [g], cfg["steps"], cfg["topk"], cfg["draft_tokens"]) > KV_BUDGET:
+            g = Group(g.step, g.count - 1, g.max_new_tokens, g.prompt_len)
+        if g.count == 0:
+            break
+        out.append(g)
+    if not out:           # one request, whatever it takes (the largest shapes need ~100 slots)
+        first = parse_arrivals(text)[0]
+        out = [Group(first.step, 1, first.max_new_tokens, first.prompt_len)]
+    return format_arrivals(out)
+
+
 def _spec_shape(sp: dict, fixed: dict) -> dict:
     """The drawn spec shape, consistent with the knobs the user fixed, and one sglang runs.
 
@@ -83,9 +120,12 @@ def overrides(draw, sc, fixed: dict, explore: bool):
     buckets = list(buckets or sc.knobs["graph_bs"].default)
     if "arrivals" not in fixed:
         cfg["arrivals"] = draw(arrivals(buckets))
+    if explore:
+        cfg.update(_spec_shape(draw(spec_params(sc)), fixed))
+    if "arrivals" in cfg:
+        cfg["arrivals"] = _within_kv(cfg["arrivals"], {**_defaults(sc), **fixed, **cfg})
     if not explore:
         return cfg
-    cfg.update(_spec_shape(draw(spec_params(sc)), fixed))
     if "shared_prefix" not in fixed:
         shared = draw(st.one_of(st.just(True), st.booleans()))
         if not shared:
