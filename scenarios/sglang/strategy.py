@@ -97,6 +97,8 @@ def _spec_shape(sp: dict, fixed: dict) -> dict:
     server arguments do not reject the combination), so draft tokens stay >= steps + 1."""
     steps = fixed.get("steps", sp["steps"])
     topk = fixed.get("topk", sp["topk"])
+    if fixed.get("flavour") == "npu" and "topk" not in fixed:
+        topk = sp["topk"] = 1          # the npu flavour runs chain drafts only (`_resolve`)
     out = {k: v for k, v in sp.items() if k not in fixed}
     if "draft_tokens" not in fixed:
         draft = sp["draft_tokens"]
