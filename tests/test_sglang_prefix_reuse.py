@@ -99,8 +99,14 @@ def test_one_command_reproduction():
     assert "RC002" in p.stdout and "ReqToTokenPool.req_to_token" in p.stdout
 
 
-def test_unmodelled_combinations_are_one_line_usage_errors():
-    p = subprocess.run([sys.executable, "-m", "racecheck", "run", SC, "--set", "flavour=npu",
-                        "--set", "topk=2"], capture_output=True, text=True, timeout=300)
-    assert p.returncode == 2 and "npu flavour is modelled with topk 1" in p.stderr
+@pytest.mark.parametrize("sets, text", [
+    (["flavour=npu", "topk=2"], "npu flavour is modelled with topk 1"),
+    (["topk=2", "draft_tokens=3"], "need draft_tokens >= steps + 1"),   # an engine crash
+])
+def test_unsupported_combinations_are_one_line_usage_errors(sets, text):
+    cmd = [sys.executable, "-m", "racecheck", "run", SC]
+    for item in sets:
+        cmd += ["--set", item]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and text in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1

@@ -91,6 +91,9 @@ def _resolve(cfg: dict) -> dict:
         raise ValueError("topk 1 (chain drafts) needs draft_tokens = steps + 1")
     if cfg["topk"] > 1 and cfg["draft_tokens"] > cfg["topk"] * cfg["steps"] + 1:
         raise ValueError("draft_tokens must be <= topk * steps + 1")
+    if cfg["topk"] > 1 and cfg["draft_tokens"] < cfg["steps"] + 1:
+        # sglang 0.5.23's tree verify (_compact_accept_to_front) fails on a shape below that
+        raise ValueError("tree drafts (topk > 1) need draft_tokens >= steps + 1 in sglang 0.5.23")
     if cfg["mrope"] and cfg["flavour"] == "hip":
         raise ValueError("mrope targets are modelled on cuda and npu")
     if cfg["flavour"] == "npu" and cfg["topk"] > 1:
