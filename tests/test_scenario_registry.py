@@ -110,3 +110,32 @@ def test_schedule_round_trip():
     assert format_schedule(parse_schedule([[0, 3, 8], [6, 2, None]])) == "0:+3x8;6:+2"
     with pytest.raises(ValueError):
         parse_schedule("0:+0")
+
+
+def _counting_scenario(reference):
+    calls = []
+
+    def runner(cfg, ctx):
+        calls.append(ctx.session is not None)
+        return {"out": {"r0": [1, 2]}}
+    toy = scenarios.Scenario("toy-reference-test", "", [scenarios.Knob("k", 1, "int", "a knob")],
+                             [], [], runner=runner, resolve=dict, reference=reference,
+                             diff_fields={})
+    return toy, calls
+
+
+def test_a_run_of_its_own_reference_configuration_on_sim_is_its_own_reference():
+    # issue order on sim: the serialized run would recompute the same values
+    toy, calls = _counting_scenario(reference=dict)
+    res = scenarios.run(toy, {}, device="sim")
+    assert calls == [True] and res.diff_ok and res.reference_outputs == res.outputs
+
+
+def test_the_reference_runs_where_it_can_differ():
+    from racecheck.instrumentation.adversarial import AdversarialExecutor
+    toy, calls = _counting_scenario(reference=lambda cfg: dict(cfg, k=2))   # another config
+    scenarios.run(toy, {}, device="sim")
+    assert calls == [True, False]
+    toy, calls = _counting_scenario(reference=dict)                      # another order
+    scenarios.run(toy, {}, device="sim", session_options={"executor": AdversarialExecutor({})})
+    assert calls == [True, False]
