@@ -54,7 +54,7 @@ from .classify import WRITE, classify
 from .delays import DelayPlanError, normalize_holds
 from .executor import Executor
 
-__all__ = ["AdversarialExecutor", "normalize_plan", "PlanError"]
+__all__ = ["AdversarialExecutor", "normalize_plan", "plan_text", "PlanError"]
 
 _DEMOTED = -1_000_000          # a change point's priority (times its rank): below every plan's
 
@@ -75,6 +75,12 @@ def _num(v, what):
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise PlanError(f"{what} must be a number, got {v!r}")
     return v
+
+
+def plan_text(plan) -> str:
+    """A plan as one line of JSON: how command lines and reports show it."""
+    import json
+    return json.dumps(plan, separators=(",", ":"))
 
 
 def normalize_plan(plan) -> dict:

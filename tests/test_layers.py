@@ -72,26 +72,33 @@ def modules() -> dict:
     return out
 
 
-def imported(module: str, path: str, known) -> set:
-    """Modules of the package that `module` imports anywhere in its source."""
+def import_statements(module: str, path: str):
+    """(node, source module) for every import in `module`'s source, relative ones resolved."""
     with open(path, encoding="utf-8") as fh:
         tree = ast.parse(fh.read(), path)
     package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
-    out = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
+            for a in node.names:
+                yield node, a.name
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                source = ".".join(base + ([node.module] if node.module else []))
+                yield node, ".".join(base + ([node.module] if node.module else []))
             else:
-                source = node.module
+                yield node, node.module
+
+
+def imported(module: str, path: str, known) -> set:
+    """Modules of the package that `module` imports anywhere in its source."""
+    out = set()
+    for node, source in import_statements(module, path):
+        if isinstance(node, ast.ImportFrom):
             # `from pkg import submodule` depends on the submodule; `from pkg import name` on pkg
             subs = [f"{source}.{a.name}" for a in node.names if f"{source}.{a.name}" in known]
             names = subs if len(subs) == len(node.names) else subs + [source]
         else:
-            continue
+            names = [source]
         for name in names:
             while name and name not in known:      # `import racecheck.x.y` where y is an attribute
                 name = name.rpartition(".")[0]
@@ -187,24 +194,8 @@ def test_layer_of(module, expected):
 def missing_imports(path: str, module: str, known) -> set:
     """`import racecheck.x` / `from racecheck.x import ...` naming no module of the package (a
     module that moved): the import graph cannot see those, and they fail only when run."""
-    with open(path, encoding="utf-8") as fh:
-        tree = ast.parse(fh.read(), path)
-    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
-    out = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            sources = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                sources = [".".join(base + ([node.module] if node.module else []))]
-            else:
-                sources = [node.module]
-        else:
-            continue
-        out.update(s for s in sources if (s == "racecheck" or s.startswith("racecheck."))
-                   and s not in known)
-    return out
+    return {s for _, s in import_statements(module, path)
+            if (s == "racecheck" or s.startswith("racecheck.")) and s not in known}
 
 
 def test_every_import_of_the_package_names_a_module():

@@ -69,18 +69,9 @@ def _without_torch(tmp_path, code: str, *args):
 
 
 def test_import_and_offline_commands_need_no_torch(tmp_path):
-    import racecheck
-    import torch
-    with racecheck.session(device="sim", record_trace=True) as rc:
-        dm = rc.device_module
-        s = dm.Stream()
-        x = racecheck.name(torch.zeros(8), "seq_lens")
-        dm.synchronize()
-        with dm.stream(s):
-            x.add_(1)
-        y = x * 2  # noqa: F841
+    from test_cli_polish import _trace
     trace = tmp_path / "t.jsonl"
-    rc.save_trace(str(trace))
+    _trace(trace)
     code = textwrap.dedent("""
         import sys
         import racecheck

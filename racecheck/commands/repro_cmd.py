@@ -25,6 +25,7 @@ def main(args) -> int:
     from rich.console import Console
     from racecheck.errors import UsageError
     from racecheck.fuzz import load_record, replay
+    from racecheck.instrumentation.adversarial import plan_text
     if args.repeat < 1:
         raise UsageError("--repeat must be >= 1")
     if args.report:
@@ -43,7 +44,7 @@ def main(args) -> int:
     plan = rec.get("plan")
     if not args.quiet:
         out.print(f"replaying {args.file}: {where} on {args.device or rec.get('device', 'sim')}, "
-                  f"{'adversarial plan ' + _plan_text(plan) if plan is not None else 'eager (issue order)'}",
+                  f"{'adversarial plan ' + plan_text(plan) if plan is not None else 'eager (issue order)'}",
                   markup=False)
         cfg = rec["config"]
         keys = [k for k in ("iterations", "schedule", "buckets", "steps", "topk", "draft_tokens") if k in cfg]
@@ -82,8 +83,3 @@ def _fmt(v):
     if isinstance(v, list):
         return ",".join(map(str, v))
     return str(v)
-
-
-def _plan_text(plan) -> str:
-    import json
-    return json.dumps(plan, separators=(",", ":"))

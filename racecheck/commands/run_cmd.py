@@ -74,8 +74,8 @@ def repro_line(name: str, variant, sets: dict, device: str, seed: int, plan=None
     if seed:
         parts += ["--seed", str(seed)]
     if plan is not None:
-        import json
-        parts += ["--plan", json.dumps(plan, sort_keys=True, separators=(",", ":"))]
+        from racecheck.instrumentation.adversarial import plan_text
+        parts += ["--plan", plan_text(plan)]
     return " ".join(shlex.quote(p) for p in parts)
 
 
@@ -107,9 +107,9 @@ def main(args) -> int:
     options = {}
     executor = None
     if plan is not None:
-        from racecheck.instrumentation.adversarial import AdversarialExecutor
+        from racecheck.instrumentation.adversarial import AdversarialExecutor, plan_text
         executor = options["executor"] = AdversarialExecutor(plan)
-        console.print("executor: adversarial, plan " + _plan_text(plan), markup=False,
+        console.print("executor: adversarial, plan " + plan_text(plan), markup=False,
                       soft_wrap=True)
     res = scenarios.run(sc, cfg, device=args.device, seed=args.seed, session_options=options)
     if res.internal_errors:
@@ -136,8 +136,3 @@ def main(args) -> int:
     if code:
         console.print(f"repro: {repro}", markup=False)
     return code
-
-
-def _plan_text(plan: dict) -> str:
-    import json
-    return json.dumps(plan, sort_keys=True, separators=(",", ":"))

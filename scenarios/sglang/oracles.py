@@ -81,20 +81,18 @@ def radix_kv_mismatches(tree_cache, key_buffer) -> list:
     """[(slot, position, expected key, found key)] for every cached token whose target KV is
     not the one the model computed for it."""
     keys = key_buffer.reshape(key_buffer.shape[0], -1)[:, 0]
+    root = tree_cache.root_node
     bad = []
-    stack = [(tree_cache.root_node, 0)]
+    stack = [(root, 0)]
     while stack:
         node, depth = stack.pop()
-        value = node.value
-        if value is not None and node is not tree_cache.root_node and len(value):
-            tokens = list(node.key.token_ids)[:len(value)]
-            slots = value.tolist()
+        slots = node.value.tolist() if node is not root and node.value is not None else []
+        if slots:
+            tokens = list(node.key.token_ids)[:len(slots)]
             found = keys[torch.as_tensor(slots, dtype=torch.int64)].to(torch.int64).tolist()
             for i, (tok, slot, got) in enumerate(zip(tokens, slots, found)):
                 want = expected_key(int(tok), depth + i)
                 if got != want:
                     bad.append((slot, depth + i, want, got))
-        for child in node.children.values():
-            stack.append((child, depth + (len(value) if value is not None
-                                          and node is not tree_cache.root_node else 0)))
+        stack.extend((child, depth + len(slots)) for child in node.children.values())
     return sorted(bad)
