@@ -1,9 +1,10 @@
 """Package list for the one `racecheck` tree that four top-level folders make up.
 
 Metadata lives in pyproject.toml; this file only finds every subpackage of each folder, so a new
-one (a scenario package, say) is in the wheel without anyone listing it.
+one (a scenario package, say) is in the wheel without anyone listing it, and declares the optional
+C hot path: where it cannot be compiled, racecheck runs on its Python reference (racecheck.native).
 """
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
 
 FOLDERS = {
     "racecheck": "racecheck",
@@ -17,4 +18,7 @@ for package, folder in FOLDERS.items():
     packages.append(package)
     packages += [f"{package}.{sub}" for sub in find_packages(folder, exclude=["tests", "tests.*"])]
 
-setup(packages=packages, package_dir=FOLDERS)
+speedups = Extension("racecheck._speedups", ["racecheck/_speedups.c"], optional=True,
+                     extra_compile_args=["-O2"])
+
+setup(packages=packages, package_dir=FOLDERS, ext_modules=[speedups])

@@ -4,6 +4,8 @@ Configurations, measured in interleaved rounds so drift hits all of them alike:
   plain      no instrumentation
   noop-mode  a TorchDispatchMode that only calls the op (the floor of any dispatch-mode tool)
   racecheck  racecheck.session(device="sim") (interception + footprints + stacks + online checker)
+  racecheck-py  the same with the C hot path off (racecheck.native.use(False)): the Python
+             reference it ports
   racecheck-routed  racecheck.session(device="sim", route_cuda=True): the same ops on tensors
              placed on "cuda" through torch.cuda routing (made inside the session each round)
   csan       PyTorch's CUDA Stream Sanitizer decision logic (torch.cuda._sanitizer's own dispatch
@@ -63,6 +65,18 @@ def racecheck_sim():
 
 
 @contextlib.contextmanager
+def racecheck_python():
+    from racecheck import native
+    was = native.speedups is not None
+    native.use(False)
+    try:
+        with racecheck.session(device="sim") as rc:
+            yield rc
+    finally:
+        native.use(was)
+
+
+@contextlib.contextmanager
 def racecheck_routed():
     with racecheck.session(device="sim", route_cuda=True) as rc:
         yield rc
@@ -72,6 +86,7 @@ CONFIGS = {
     "plain": contextlib.nullcontext,
     "noop-mode": NoopMode,
     "racecheck": racecheck_sim,
+    "racecheck-py": racecheck_python,
     "racecheck-routed": racecheck_routed,
     "csan": csan_on_cpu,
 }
@@ -139,7 +154,7 @@ def main(argv=None) -> int:
     from rich.table import Table
     results = measure(args.quick)
     table = Table(title="sim: µs per op (median), added over plain, and ratio to the do-nothing mode's cost")
-    for col in ("workload", "stack depth", "plain", "noop-mode +", "racecheck +",
+    for col in ("workload", "stack depth", "plain", "noop-mode +", "racecheck +", "Python path +",
                 "routed +", "csan +", "racecheck / noop", "csan / racecheck"):
         table.add_column(col, justify="right")
     out = []
@@ -147,7 +162,8 @@ def main(argv=None) -> int:
         plain = r["plain"]
         added = {c: r[c] - plain for c in r}
         table.add_row(wname, str(depth), f"{plain:.2f}", f"{added['noop-mode']:.2f}",
-                      f"{added['racecheck']:.2f}", f"{added['racecheck-routed']:.2f}",
+                      f"{added['racecheck']:.2f}", f"{added['racecheck-py']:.2f}",
+                      f"{added['racecheck-routed']:.2f}",
                       f"{added['csan']:.2f}",
                       f"{added['racecheck'] / max(added['noop-mode'], 1e-9):.2f}x",
                       f"{added['csan'] / max(added['racecheck'], 1e-9):.1f}x")

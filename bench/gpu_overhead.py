@@ -11,8 +11,9 @@ Workloads:
   graph   the same step captured once in a CUDA graph and replayed each iteration
   eagle   the EAGLE v2 scenario, all fixes on, a few iterations (racecheck vs its own plain run)
 
-racecheck runs with its defaults (on `cuda`: the device module's wrappers, torch's GPU trace off);
-`racecheck-cb` with `callbacks=True` (torch's GPU trace callbacks too, the default before 2026-11-25).
+racecheck runs with its defaults (on `cuda`: the device module's wrappers, torch's GPU trace off,
+the C hot path where it was built); `racecheck-py` the same with the C hot path off (the Python
+it ports); `racecheck-cb` (on request) with `callbacks=True` (torch's GPU trace callbacks too).
 
     python bench/gpu_overhead.py [--quick] [--json OUT.json]
 """
@@ -26,7 +27,8 @@ import subprocess
 import sys
 import time
 
-CONFIGS = ("plain", "noop-mode", "csan", "racecheck", "racecheck-cb")
+CONFIGS = ("plain", "noop-mode", "csan", "racecheck", "racecheck-py")
+OPTIONAL = ("racecheck-cb",)    # --configs adds it
 WORKLOADS = ("eager", "graph")
 
 
@@ -93,8 +95,12 @@ def worker(config: str, workload: str, iters: int) -> dict:
     elif config == "csan":
         import torch.cuda._sanitizer as csan
         csan.enable_cuda_sanitizer()
-    elif config in ("racecheck", "racecheck-cb"):
+    elif config in ("racecheck", "racecheck-cb", "racecheck-py"):
         import racecheck
+        from racecheck import native
+        native.use(config != "racecheck-py")
+        if config != "racecheck-py" and native.built is None:
+            raise SystemExit("racecheck's C hot path is not built here")
         ctx = racecheck.session(device="cuda", **({"callbacks": True} if config == "racecheck-cb" else {}))
     dm = torch.cuda
     with ctx:
@@ -158,7 +164,10 @@ def main(argv=None) -> int:
     p.add_argument("--worker")
     p.add_argument("--workload", default="eager")
     p.add_argument("--iters", type=int, default=200)
+    p.add_argument("--configs", default=",".join(CONFIGS),
+                   help=f"comma-separated, of {', '.join(CONFIGS + OPTIONAL)}")
     args = p.parse_args(argv)
+    configs = tuple(c for c in args.configs.split(",") if c)
     if args.worker:
         if args.workload == "eagle":
             print(json.dumps(eagle_worker(args.worker, args.iters)))
@@ -174,7 +183,7 @@ def main(argv=None) -> int:
     samples: dict = {}
     for _ in range(rounds):
         for workload in WORKLOADS:
-            for config in CONFIGS:
+            for config in configs:
                 r = run_worker(config, workload, iters)
                 if r:
                     samples.setdefault((workload, config), []).append(r)
@@ -194,12 +203,20 @@ def main(argv=None) -> int:
     noop = {r["workload"]: r["ms_per_iter"] for r in rows if r["config"] == "noop-mode"}
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  rounds {rounds}")
     print(f"{'workload':10s} {'config':12s} {'ms/iter':>10s} {'rounds min-max':>16s} {'x plain':>8s} {'x noop':>7s} findings")
-    for r in sorted(rows, key=lambda r: (r["workload"], CONFIGS.index(r["config"]) if r["config"] in CONFIGS else 9)):
+    order = CONFIGS + OPTIONAL
+    per_round = {(w, c): [r["ms_per_iter"] for r in rs] for (w, c), rs in samples.items()}
+    for r in sorted(rows, key=lambda r: (r["workload"], order.index(r["config"]) if r["config"] in order else 9)):
         ratio = r["ms_per_iter"] / plain[r["workload"]] if r["workload"] in plain else float("nan")
         r["x_plain"] = ratio
         r["x_noop"] = r["ms_per_iter"] / noop[r["workload"]] if r["workload"] in noop else float("nan")
         spread = f"{min(r['rounds_ms']):.3f}-{max(r['rounds_ms']):.3f}"
-        print(f"{r['workload']:10s} {r['config']:12s} {r['ms_per_iter']:10.3f} {spread:>16s} {ratio:8.2f} {r['x_noop']:7.2f} {r['findings']}")
+        # ratios within each round (the configurations of one round ran back to back)
+        mine = per_round[(r["workload"], r["config"])]
+        base = per_round.get((r["workload"], "noop-mode"), [])
+        r["x_noop_rounds"] = [m / b for m, b in zip(mine, base)]
+        r["x_plain_rounds"] = [m / b for m, b in zip(mine, per_round.get((r["workload"], "plain"), []))]
+        rounds_txt = " ".join(f"{x:.2f}" for x in r["x_noop_rounds"])
+        print(f"{r['workload']:10s} {r['config']:12s} {r['ms_per_iter']:10.3f} {spread:>16s} {ratio:8.2f} {r['x_noop']:7.2f} {r['findings']}  [x noop per round: {rounds_txt}]")
     if args.json:
         with open(args.json, "w") as fp:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, fp, indent=2)

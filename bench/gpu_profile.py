@@ -84,6 +84,14 @@ CATEGORIES = (
 )
 
 
+# racecheck's C hot path (racecheck/_speedups.c), where cProfile sees it: a C function called
+# from Python code. Called from C (a FastPlan's stack capture, the checker handlers the C
+# process_all calls) it is invisible and counts for its Python caller: the dispatch mode's
+# __torch_dispatch__ holds the whole C plan of an op, the recorder the C checker.
+C_CATEGORIES = (("_speedups.capture", "stack capture"),
+                ("_speedups.", "checker (shadow memory, clocks)"))
+
+
 def _category(filename: str) -> str:
     f = filename.replace("\\", "/")
     for name, pats in CATEGORIES:
@@ -102,6 +110,9 @@ def breakdown(stats: pstats.Stats) -> list:
         total += tt
         if filename != "~":
             cat = _category(filename)
+            sums[cat] = sums.get(cat, 0.0) + tt
+        elif "_speedups." in name:
+            cat = next(c for pat, c in C_CATEGORIES if pat in name)
             sums[cat] = sums.get(cat, 0.0) + tt
         elif "torch" in name:
             cat = "torch C++ (ops, launches, dispatch)"

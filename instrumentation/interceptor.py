@@ -15,6 +15,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from racecheck.trace import CapturedOp, Copy, HostAccess, Kernel
 
+from racecheck import native
+
 from . import stacks
 from .classify import META, READ_WRITE, WRITE, classify, iter_out_tensors
 from .footprints import CACHE_ATTR
@@ -462,6 +464,9 @@ def _fast_kernel(icp: Interceptor, oc, func):
     """
     backend = icp.backend
     s = icp.sink
+    fast = native.speedups
+    if fast is not None and len(oc.plain_args) <= 16:
+        return _native_plan(fast, icp, oc, func)
     env = {
         "s": s, "b": backend, "tls": backend.tls, "fp": icp.fp, "tok": icp.maker.token, "attr": CACHE_ATTR,
         "tensor": torch.Tensor, "oc": oc, "names": oc.arg_names, "name": oc.name,
@@ -478,6 +483,27 @@ def _fast_kernel(icp: Interceptor, oc, func):
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
     exec(compile(src, filename, "exec"), env)
     return env["plan"]
+
+
+def _native_plan(fast, icp: Interceptor, oc, func):
+    """The same plan as `_plan_source` writes, in C (racecheck/_speedups.c)."""
+    backend = icp.backend
+    fp = icp.fp
+
+    def outs(out):
+        return _present(*map(fp, iter_out_tensors(oc, out)))
+    by_device = icp._op_stream is not None
+    roles = {WRITE: 1, READ_WRITE: 2}
+    return fast.FastPlan(
+        pinned=icp._pinned_factory if oc.has_pin_memory else None, names=frozenset(oc.arg_names),
+        kernel=icp._kernel, oc=oc, tls=backend.tls, attr=CACHE_ATTR, tok=icp.maker.token, fp=fp,
+        capture=stacks.capture, stream_fn=icp._op_stream if by_device else backend.current_stream_tid,
+        by_device=by_device, backend=backend, call=getattr(func, "_op", func),
+        direct=bool(backend.runs_at_issue), execute=backend.execute,
+        out_mode=1 if oc.out_roles == (WRITE,) else (2 if WRITE in oc.out_roles else 0),
+        outs=outs, sink=icp.sink, emit=icp.sink.emit, kernel_type=Kernel, name=oc.name,
+        tensor=torch.Tensor, need=max((i for i, _ in oc.plain_args), default=-1) + 1,
+        spec=tuple((i, roles.get(role, 0)) for i, role in oc.plain_args))
 
 
 def _present(*fps) -> tuple:

@@ -92,6 +92,8 @@ class SyncSites:
 
 
 _occurrences: dict = {}       # (code, method) -> sorted offsets of the method's name loads
+_named: dict = {}             # (code, bytecode offset, method) -> (site id, location)
+_NAMED_LIMIT = 4096
 
 
 def _user_frame():
@@ -106,6 +108,10 @@ def _user_frame():
 def where_to_site(f, method: str) -> tuple:
     """(site id, "file.py:line") of a synchronization called from frame f."""
     code = f.f_code
+    named = (code, f.f_lasti, method)      # a loop passes the same site again and again
+    hit = _named.get(named)
+    if hit is not None:
+        return hit
     key = (code, method)
     offs = _occurrences.get(key)
     if offs is None:
@@ -118,4 +124,8 @@ def where_to_site(f, method: str) -> tuple:
             k = i
     module = f.f_globals.get("__name__", "?")
     qual = getattr(code, "co_qualname", code.co_name)
-    return f"{module}:{qual}:{method}#{k}", f"{os.path.basename(code.co_filename)}:{f.f_lineno}"
+    hit = f"{module}:{qual}:{method}#{k}", f"{os.path.basename(code.co_filename)}:{f.f_lineno}"
+    if len(_named) >= _NAMED_LIMIT:
+        _named.clear()
+    _named[named] = hit
+    return hit

@@ -11,6 +11,8 @@ import sys
 
 import torch
 
+from racecheck import native
+
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 
 
@@ -216,6 +218,22 @@ def _walk(f, limit: int, internal=_internal) -> tuple:
         _last.clear()
     _last[site] = out
     return out
+
+
+_py_capture = capture
+
+
+def _use_native(fast) -> None:
+    """capture() in C (racecheck/_speedups.c) over the same caches, or the Python above."""
+    global capture
+    if fast is not None and hasattr(fast, "capture"):
+        fast.stack_setup(_internal, _offsets, _last, _inside, _LAST_LIMIT)
+        capture = fast.capture
+    else:
+        capture = _py_capture
+
+
+native.on_change(_use_native)
 
 
 def site(skip: int = 3) -> str:

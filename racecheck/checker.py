@@ -67,9 +67,11 @@ import os
 from bisect import bisect_left, bisect_right
 from collections import deque
 from dataclasses import replace
+from functools import partial
 from typing import NamedTuple
 
 from .clocks import join
+from . import native
 from .findings import Access, ContextEvent, FindingSet, Place, Race, describe
 from .replay import RECIPES_KEPT, ReplayPlan, simulate, stable_form
 from .shadow import (StorageShadow, iv_add, iv_intersect, iv_normalize, iv_subtract,
@@ -338,6 +340,22 @@ class Checker:
             NameTensor: self._on_name_tensor, NameTimeline: self._on_name_timeline,
             StaleTolerant: self._on_stale_tolerant,
         }
+        fast = native.speedups
+        if fast is not None:
+            self._use_native(fast)
+
+    def _use_native(self, fast) -> None:
+        """The hot handlers in C (racecheck/_speedups.c), each where this class's Python one is
+        the reference it ports (a subclass's or a test's own handler is kept)."""
+        cls = type(self)
+        if cls._on_kernel is _REFERENCE["_on_kernel"]:
+            self._handlers[Kernel] = partial(fast.on_kernel, self)
+        if cls._read is _REFERENCE["_read"]:
+            self._read = partial(fast.read, self)
+        if cls._write is _REFERENCE["_write"]:
+            self._write = partial(fast.write, self)
+        if cls.process_all is _REFERENCE["process_all"]:
+            self.process_all = partial(fast.process_all, self, _SITED)
 
     # ---- public API ---------------------------------------------------------------------------
 
@@ -552,21 +570,29 @@ class Checker:
                                 self._check_rc007(w, rec, fp, sh, lo, hi)
                         st[1][tid] = rec
                         continue
-                if lo >= hi:
-                    continue
-                i, j = sh.span(lo, hi)
-                for k in range(i, j):
-                    st = states[k]
-                    if st is None:
-                        states[k] = [None, {tid: rec}]
-                        continue
-                    w = st[0]
-                    if w is not None:
-                        if w[CLOCK] > vcget(w[TL], 0):
-                            self._race(w, rec, True, False, fp, sh, bounds[k], bounds[k + 1])
-                        if w[GRAPH] is not None and fp.born is not None:
-                            self._check_rc007(w, rec, fp, sh, bounds[k], bounds[k + 1])
-                    st[1][tid] = rec
+                self._read_span(fp, sh, lo, hi, rec, vc)
+
+    def _read_span(self, fp, sh, lo, hi, rec, vc):
+        """A read of [lo, hi) that is not one existing segment (shared with the C path)."""
+        if lo >= hi:
+            return
+        vcget = vc.get
+        tid = rec[TL]
+        states = sh.states
+        bounds = sh.bounds
+        i, j = sh.span(lo, hi)
+        for k in range(i, j):
+            st = states[k]
+            if st is None:
+                states[k] = [None, {tid: rec}]
+                continue
+            w = st[0]
+            if w is not None:
+                if w[CLOCK] > vcget(w[TL], 0):
+                    self._race(w, rec, True, False, fp, sh, bounds[k], bounds[k + 1])
+                if w[GRAPH] is not None and fp.born is not None:
+                    self._check_rc007(w, rec, fp, sh, bounds[k], bounds[k + 1])
+            st[1][tid] = rec
 
     def _write(self, fps, rec, vc, graph):
         shadows = self._shadow
@@ -579,8 +605,10 @@ class Checker:
             bounds = sh.bounds
             rd = sh.readers
             for lo, hi in fp.ranges:
+                if lo >= hi:
+                    continue
                 i = bisect_left(bounds, lo)
-                if not bounds and lo < hi:      # a storage's first access (a new temporary)
+                if not bounds:      # a storage's first access (a new temporary)
                     bounds.append(lo)
                     bounds.append(hi)
                     states.append([rec, {}])
@@ -599,27 +627,36 @@ class Checker:
                         r.clear()
                     st[0] = rec
                 else:
-                    if lo >= hi:
-                        continue
-                    i, j = sh.span(lo, hi)
-                    for k in range(i, j):
-                        st = states[k]
-                        if st is None:
-                            continue
-                        w = st[0]
-                        if w is not None and w[CLOCK] > vcget(w[TL], 0):
-                            self._race(w, rec, True, True, fp, sh, bounds[k], bounds[k + 1])
-                        r = st[1]
-                        if r:
-                            for pr in r.values():
-                                if pr[CLOCK] > vcget(pr[TL], 0):
-                                    self._race(pr, rec, False, True, fp, sh, bounds[k],
-                                               bounds[k + 1])
-                    sh.collapse(i, j, [rec, {}])
+                    self._write_span(fp, sh, lo, hi, rec, vc)
                 if rd:
-                    for g, inp in rd:
-                        if g != graph:
-                            inp.fresh = iv_add(inp.fresh, lo, hi)
+                    self._fresh_readers(rd, lo, hi, graph)
+
+    def _write_span(self, fp, sh, lo, hi, rec, vc):
+        """A write of [lo, hi) (lo < hi) that is not one existing segment (shared with the C path)."""
+        vcget = vc.get
+        states = sh.states
+        bounds = sh.bounds
+        i, j = sh.span(lo, hi)
+        for k in range(i, j):
+            st = states[k]
+            if st is None:
+                continue
+            w = st[0]
+            if w is not None and w[CLOCK] > vcget(w[TL], 0):
+                self._race(w, rec, True, True, fp, sh, bounds[k], bounds[k + 1])
+            r = st[1]
+            if r:
+                for pr in r.values():
+                    if pr[CLOCK] > vcget(pr[TL], 0):
+                        self._race(pr, rec, False, True, fp, sh, bounds[k], bounds[k + 1])
+        sh.collapse(i, j, [rec, {}])
+
+    @staticmethod
+    def _fresh_readers(rd, lo, hi, graph):
+        """Bytes a graph reads were written outside it (its inputs' freshness, racecheck.replay)."""
+        for g, inp in rd:
+            if g != graph:
+                inp.fresh = iv_add(inp.fresh, lo, hi)
 
     # ---- synchronization ----------------------------------------------------------------------
 
@@ -1374,3 +1411,7 @@ class Checker:
         return tuple(ContextEvent(seq=e.seq, timeline=name(t), kind=e.kind, label=e.label,
                                   peer=name(e.peer) if e.peer is not None else "", edge=e.edge)
                      for e, t in items)
+
+
+# the Python handlers racecheck/_speedups.c ports (Checker._use_native)
+_REFERENCE = {name: getattr(Checker, name) for name in ("_on_kernel", "_read", "_write", "process_all")}

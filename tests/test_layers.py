@@ -55,7 +55,8 @@ def rank(module: str) -> tuple:
 
 
 def modules() -> dict:
-    """import name -> file, for every module of the package."""
+    """import name -> file, for every module of the package (a C extension by its source: it
+    imports nothing of the package)."""
     out = {}
     for pkg, folder in FOLDERS.items():
         base = os.path.join(ROOT, folder)
@@ -69,11 +70,15 @@ def modules() -> dict:
                 if fn.endswith(".py"):
                     name = ".".join(parts + ([] if fn == "__init__.py" else [fn[:-3]]))
                     out[name] = os.path.join(dirpath, fn)
+                elif fn.endswith(".c"):
+                    out[".".join(parts + [fn[:-2]])] = os.path.join(dirpath, fn)
     return out
 
 
 def import_statements(module: str, path: str):
     """(node, source module) for every import in `module`'s source, relative ones resolved."""
+    if path.endswith(".c"):
+        return
     with open(path, encoding="utf-8") as fh:
         tree = ast.parse(fh.read(), path)
     package = module if path.endswith("__init__.py") else module.rpartition(".")[0]

@@ -1,0 +1,172 @@
+"""The C hot path (racecheck/_speedups.c) against the Python it ports.
+
+Each public case runs twice, C path on and off: the recorded traces (every event with its
+footprints and formatted stacks) and the findings must be equal field by field. Stack capture
+is compared call by call, through the caches both implementations share.
+"""
+import contextlib
+import json
+import os
+import re
+import sys
+
+import pytest
+import torch
+
+import racecheck
+from racecheck import native
+from racecheck.instrumentation import stacks
+
+from cases import EXPECTED
+
+needs_c = pytest.mark.skipif(native.built is None, reason="the C hot path is not built here")
+
+
+@contextlib.contextmanager
+def c_path(on: bool):
+    was = native.speedups is not None
+    native.use(on)
+    try:
+        yield
+    finally:
+        native.use(was)
+
+
+def test_ci_builds_the_c_path():
+    if not os.environ.get("CI"):
+        pytest.skip("only CI promises a compiler")
+    assert native.built is not None, "racecheck._speedups was not compiled by the install"
+
+
+def test_switching_it_off_restores_the_python_reference():
+    with c_path(False):
+        assert stacks.capture is stacks._py_capture
+        from racecheck.checker import Checker
+        c = Checker()
+        assert "process_all" not in vars(c) and "_read" not in vars(c)
+
+
+def _run(program, on: bool):
+    with c_path(on), racecheck.session(device="sim", record_trace=True) as rc:
+        keep = program(rc.device_module, "cpu")  # noqa: F841 - tensors outlive the snippet
+    # a host thread's timeline is named after its Python thread, numbered process-wide
+    events = [json.loads(re.sub(r"Thread-\d+", "Thread-N", json.dumps(e.to_json())))
+              for e in rc.trace.events]
+    return events, [f.to_json() for f in rc.findings], rc.internal_errors
+
+
+@needs_c
+@pytest.mark.parametrize("case", sorted(EXPECTED))
+def test_public_case_same_trace_and_findings(case):
+    program, _expected = EXPECTED[case]
+    # one call site for both runs: their stacks reach into this frame
+    (c_events, c_findings, c_errors), (py_events, py_findings, py_errors) = [
+        _run(program, on) for on in (True, False)]
+    assert not c_errors and not py_errors
+    assert c_events == py_events
+    assert c_findings == py_findings
+
+
+# -- stacks ---------------------------------------------------------------------------------------
+
+def _both(limit=6, skip=2):
+    """What each implementation captures from here (this frame is the 'plan' frame)."""
+    return native.built.capture(limit, skip), stacks._py_capture(limit, skip)
+
+
+def _at_depth(n, fn):
+    if n == 0:
+        return fn()
+    return _at_depth(n - 1, fn)
+
+
+@needs_c
+@pytest.mark.parametrize("limit", [1, 2, 6])
+@pytest.mark.parametrize("depth", [0, 3, 12])
+def test_stack_capture_matches_python(limit, depth):
+    for _ in range(3):      # first call walks; later ones take the learned offset and _last
+        c, py = _at_depth(depth, lambda: _both(limit))
+        assert c == py
+        assert len(c) == min(limit, len(c)) and all(isinstance(code, type(_both.__code__))
+                                                    for code, _ in c)
+
+
+@needs_c
+def test_stack_capture_two_sites_in_one_loop():
+    out = []
+    for _ in range(3):
+        out.append(_both())
+        out.append(_both())        # another line: another bytecode offset, another _last entry
+    for c, py in out:
+        assert c == py
+    assert out[0][0] != out[1][0]
+    assert out[0][0] == out[2][0] == out[4][0]
+
+
+@needs_c
+def test_stack_capture_keywords_and_shallow_stacks():
+    c = native.built.capture(limit=2, skip=2)
+    assert c == stacks._py_capture(2, 2)
+    assert native.built.capture(1, 10_000) == ()     # deeper than the stack: nothing
+    with pytest.raises(TypeError):
+        native.built.capture(1, 2, 3)
+
+
+# -- the plan of a plain kernel -----------------------------------------------------------------
+
+def _ops(dm, device):
+    a = torch.ones(16)
+    b = torch.ones(16)
+    s = dm.Stream()
+    out = torch.empty(16)
+    a.add_(b)                       # in place
+    c = a + b                       # a new temporary
+    torch.add(a, b, out=out)        # out= by keyword: the generic path
+    d = a.mul(2.0)                  # a scalar where the schema has Scalar
+    with dm.stream(s):
+        e = torch.where(a > 0, a, b)
+    h = torch.mm(torch.ones(4, 4), torch.ones(4, 4))
+    parts = torch.split(torch.arange(16.0), 4)
+    f = torch.cat(parts)            # a tensor list
+    g = torch.addcmul(a, b, c, value=0.5)
+    return a, b, c, d, e, f, g, h, out
+
+
+@needs_c
+def test_plain_kernels_record_the_same_events():
+    (c_events, c_findings, _), (py_events, py_findings, _) = [_run(_ops, on) for on in (True, False)]
+    assert c_events == py_events
+    assert c_findings == py_findings
+    assert any(e.get("op") == "add_" for e in c_events)
+
+
+@needs_c
+def test_a_checker_error_in_c_still_names_the_event(monkeypatch):
+    from racecheck.checker import Checker
+    calls = []
+    orig = Checker._new_shadow
+
+    def flaky(self, storage):
+        calls.append(storage)
+        if len(calls) == 2:
+            raise RuntimeError("boom")
+        return orig(self, storage)
+
+    monkeypatch.setattr(Checker, "_new_shadow", flaky)
+    with c_path(True), racecheck.session(device="sim") as rc:
+        x = torch.zeros(8)
+        y = torch.zeros(8)
+        x.add_(1)
+        y.add_(x)
+    assert y.tolist() == [1.0] * 8
+    assert len(rc.internal_errors) == 1
+    assert rc.internal_errors[0].startswith("while checking Kernel: RuntimeError: boom")
+
+
+def test_pure_python_switch_from_the_environment():
+    import subprocess
+    code = "from racecheck import native; print(native.speedups is None)"
+    env = dict(os.environ, RACECHECK_PURE_PYTHON="1")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "True"
