@@ -132,6 +132,7 @@ def main(argv=None) -> int:
     p.add_argument("--pstats", help="folder for one .pstats file per workload")
     p.add_argument("--callbacks", action="store_true", help="also racecheck with trace callbacks")
     p.add_argument("--top", type=int, default=28)
+    p.add_argument("--rounds", type=int, default=None, help="rounds of the timings (3; 1 with --quick)")
     args = p.parse_args(argv)
     import torch
     if not torch.cuda.is_available():
@@ -146,7 +147,7 @@ def main(argv=None) -> int:
             return func(*args, **(kwargs or {}))
 
     iters = 100 if args.quick else 400
-    rounds = 1 if args.quick else 3
+    rounds = args.rounds or (1 if args.quick else 3)
     prims = _primitives(torch, 2000 if args.quick else 20000)
     configs = ["plain", "noop-mode", "racecheck"]
     samples: dict = {}

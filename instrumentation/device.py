@@ -43,6 +43,7 @@ import threading
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
+from racecheck import native
 from racecheck.trace import (EventRecord, Footprint, GraphCapture, GraphReplay, Kernel, NameTimeline,
                              StreamWaitEvent)
 
@@ -209,6 +210,18 @@ class DeviceBackend(Backend):
         if self.strip_pin_memory:
             self.special_ops["is_pinned"] = self._is_pinned
         self.footprints.registry.host_of = self._host_of
+        fast = native.speedups
+        if fast is not None:        # the two lookups every op makes, in C (known streams)
+            cls = type(self)
+            if cls.op_stream_tid is DeviceBackend.op_stream_tid:
+                self.op_stream_tid = fast.StreamOf(
+                    cur=self._cur, tids=self._tids, slow=DeviceBackend.op_stream_tid.__get__(self),
+                    tensor=torch.Tensor, by_args=True)
+            if cls.current_stream_tid is DeviceBackend.current_stream_tid:
+                self.current_stream_tid = fast.StreamOf(
+                    cur=self._cur, tids=self._tids,
+                    slow=DeviceBackend.current_stream_tid.__get__(self), tensor=torch.Tensor,
+                    by_args=False)
 
     # -- streams --------------------------------------------------------------------------------
     def _generic_current_ids(self, dev):

@@ -8,12 +8,14 @@ which the footprint says. Index ops resolve their index values into the exact ro
 from __future__ import annotations
 
 import itertools
+from functools import partial
 import sys
 import weakref
 from collections import deque
 
 import torch
 
+from racecheck import native
 from racecheck.trace import Footprint
 
 from .stacks import _internal as internal_files, drop_site
@@ -44,6 +46,10 @@ class StorageRegistry:
         self.host_sids: set = set()
         self.new_are_host = False        # storages first seen now are host memory (host ops)
         self.host_of = None              # backend's classifier for storages first seen (cuda: t.is_cpu)
+        fast = native.speedups
+        if fast is not None and hasattr(fast, "register") \
+                and type(self).register is StorageRegistry.register:
+            self.register = partial(fast.register, self)     # the same, in C
 
     def lookup(self, t: torch.Tensor, host: bool = False):
         """(sid, is_host) of t's storage, registering it on first sight."""
@@ -210,6 +216,12 @@ class FootprintMaker:
         self._cache: dict = {}
         self._slices: dict = {}
         self.born_attr = "_racecheck_born"
+        fast = native.speedups
+        if fast is not None and type(self).of is FootprintMaker.of:
+            # `of` in C: the cache, and contiguous tensors (the rest through _compute)
+            self.of = fast.Footprints(by_cdata=self._by_cdata, register=registry.register,
+                                      compute=self._compute, footprint_type=Footprint,
+                                      token=self.token, attr=CACHE_ATTR, born_attr=self.born_attr)
 
     def of(self, t: torch.Tensor) -> Footprint | None:
         """Footprint of a whole view. Cached on the tensor while its data pointer is unchanged

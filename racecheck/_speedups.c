@@ -33,6 +33,12 @@ static PyObject *s_handlers, *s_seq, *s_handler_for, *s_pend, *s_flush, *s_unsit
 static PyObject *s_capture_attr, *s_tid_attr, *s_before_launch, *s_host, *s_data_ptr,
     *s_dict, *s_pin_memory, *s_op, *s_stack, *s_thread_tid, *empty_tuple;
 
+static PyObject *s_block, *s_allocs, *s_recstreams, *s_stale_open, *s_settle_stale,
+    *s_check_rc005, *s_names, *s_unresolved, *s_liveness, *s_dead, *s_busy, *s_flush_pending,
+    *s_numel, *s_is_contiguous, *s_untyped_storage, *s_cdata, *s_element_size,
+    *s_storage_offset, *s_is_view, *s_approx, *s_sites, *s_new_are_host, *s_host_of, *s_next,
+    *s_by_cdata, *s_cdata_of, *s_host_sids, *s_nbytes, *s_on_new, *s_is_cpu, *s_get_device;
+
 static int intern_all(void) {
 #define I(var, text) if (!(var = PyUnicode_InternFromString(text))) return -1
     I(s_tl, "_tl"); I(s_shadow, "_shadow"); I(s_thread, "thread"); I(s_stream, "stream");
@@ -50,6 +56,18 @@ static int intern_all(void) {
     I(s_before_launch, "before_launch"); I(s_host, "host"); I(s_data_ptr, "data_ptr");
     I(s_dict, "__dict__"); I(s_pin_memory, "pin_memory"); I(s_op, "op"); I(s_stack, "stack");
     I(s_thread_tid, "thread_tid");
+    I(s_block, "block"); I(s_allocs, "_allocs"); I(s_recstreams, "_recstreams");
+    I(s_stale_open, "_stale_open"); I(s_settle_stale, "_settle_stale_indices");
+    I(s_check_rc005, "_check_rc005"); I(s_names, "_names"); I(s_unresolved, "_unresolved");
+    I(s_liveness, "_liveness"); I(s_dead, "dead"); I(s_busy, "_busy");
+    I(s_flush_pending, "flush_pending"); I(s_numel, "numel"); I(s_is_contiguous, "is_contiguous");
+    I(s_untyped_storage, "untyped_storage"); I(s_cdata, "_cdata");
+    I(s_element_size, "element_size"); I(s_storage_offset, "storage_offset");
+    I(s_is_view, "_is_view"); I(s_approx, "approx"); I(s_sites, "_sites");
+    I(s_new_are_host, "new_are_host"); I(s_host_of, "host_of"); I(s_next, "_next");
+    I(s_by_cdata, "_by_cdata"); I(s_cdata_of, "_cdata_of"); I(s_host_sids, "host_sids");
+    I(s_nbytes, "nbytes"); I(s_on_new, "_on_new"); I(s_is_cpu, "is_cpu");
+    I(s_get_device, "get_device");
 #undef I
     if (!(one = PyLong_FromLong(1)) || !(empty_tuple = PyTuple_New(0)))
         return -1;
@@ -260,6 +278,8 @@ done:
 
 /* stacks.capture: innermost-first user frames as (code, lasti) pairs. `skip` counts as in the
    Python version, whose own frame is number 0 (here: the caller is frame 1). */
+static PyObject *capture_impl(Py_ssize_t limit, Py_ssize_t skip);
+
 static PyObject *capture(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
                          PyObject *kwnames) {
     Py_ssize_t limit = 6, skip = 2;
@@ -288,6 +308,10 @@ static PyObject *capture(PyObject *mod, PyObject *const *args, Py_ssize_t nargs,
             }
         }
     }
+    return capture_impl(limit, skip);
+}
+
+static PyObject *capture_impl(Py_ssize_t limit, Py_ssize_t skip) {
     PyFrameObject *caller = PyEval_GetFrame();
     if (caller == NULL)
         return PyTuple_New(0);
@@ -844,6 +868,26 @@ done:
 
 /* Checker.process_all */
 
+/* Checker._assign_sites: unnamed storages are described by the first op that touched them */
+static int assign_sites(PyObject *checker, PyObject *ev) {
+    PyObject *op = PyObject_GetAttr(ev, s_op);
+    PyObject *stack = op ? PyObject_GetAttr(ev, s_stack) : NULL;
+    PyObject *first = stack ? PySequence_GetSlice(stack, 0, 1) : NULL;
+    PyObject *site = first ? PyTuple_Pack(2, op, first) : NULL;
+    PyObject *sites = site ? PyObject_GetAttr(checker, s_sites) : NULL;
+    PyObject *unsited = sites ? PyObject_GetAttr(checker, s_unsited) : NULL;
+    int rc = unsited != NULL && PyList_Check(unsited) ? 0 : -1;
+    for (Py_ssize_t i = 0; rc == 0 && i < PyList_GET_SIZE(unsited); i++)
+        rc = PyObject_SetItem(sites, PyList_GET_ITEM(unsited, i), site);
+    if (rc == 0)
+        rc = PyList_SetSlice(unsited, 0, PyList_GET_SIZE(unsited), NULL);
+    if (rc < 0 && !PyErr_Occurred())
+        PyErr_SetString(PyExc_TypeError, "assign_sites: unexpected checker state");
+    Py_XDECREF(op); Py_XDECREF(stack); Py_XDECREF(first); Py_XDECREF(site); Py_XDECREF(sites);
+    Py_XDECREF(unsited);
+    return rc;
+}
+
 static PyObject *c_process_all(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "process_all(checker, sited_types, events)");
@@ -896,7 +940,7 @@ static PyObject *c_process_all(PyObject *mod, PyObject *const *args, Py_ssize_t 
                 ok = 0;
             if (ok && any) {
                 int is = PyObject_IsInstance(ev, sited);
-                if (is < 0 || (is && call_void(checker, s_assign_sites, &ev, 1) < 0))
+                if (is < 0 || (is && assign_sites(checker, ev) < 0))
                     ok = 0;
             }
         }
@@ -1270,8 +1314,906 @@ static PyTypeObject FastPlanType = {
     .tp_vectorcall_offset = offsetof(FastPlan, vectorcall),
 };
 
+/* ---- checker: allocator events ------------------------------------------------------------ */
+
+/* d.pop(key, None): 1 and a new reference in *out, 0 (absent, *out NULL), -1 error */
+static int dict_pop(PyObject *d, PyObject *key, PyObject **out) {
+    *out = NULL;
+    PyObject *v = PyDict_GetItemWithError(d, key);
+    if (v == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    Py_INCREF(v);
+    if (PyDict_DelItem(d, key) < 0) {
+        Py_DECREF(v);
+        return -1;
+    }
+    *out = v;
+    return 1;
+}
+
+/* Checker._on_alloc */
+static PyObject *c_on_alloc(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "on_alloc(checker, ev, seq)");
+        return NULL;
+    }
+    PyObject *checker = args[0], *ev = args[1];
+    PyObject *tls = NULL, *thread = NULL, *stream = NULL, *blk = NULL, *host = NULL,
+             *allocs = NULL, *entry = NULL, *unsited = NULL, *shadows = NULL, *recs = NULL,
+             *result = NULL;
+    if (!(tls = PyObject_GetAttr(checker, s_tl)) || !(thread = PyObject_GetAttr(ev, s_thread)))
+        goto done;
+    int in = PyDict_Contains(tls, thread);
+    if (in < 0)
+        goto done;
+    if (!in) {
+        PyObject *r = PyObject_CallMethodOneArg(checker, s_new_host, thread);
+        if (r == NULL)
+            goto done;
+        Py_DECREF(r);
+    }
+    if (!(stream = PyObject_GetAttr(ev, s_stream)))
+        goto done;
+    if (stream != Py_None) {
+        in = PyDict_Contains(tls, stream);
+        if (in < 0)
+            goto done;
+        if (!in) {
+            PyObject *r = PyObject_CallMethodOneArg(checker, s_new_stream, stream);
+            if (r == NULL)
+                goto done;
+            Py_DECREF(r);
+        }
+    }
+    if (!(blk = PyObject_GetAttr(ev, s_block)) || !(host = PyObject_GetAttr(ev, s_host)))
+        goto done;
+    int h = PyObject_IsTrue(host);
+    if (h < 0 || !(allocs = PyObject_GetAttr(checker, s_allocs)))
+        goto done;
+    if (!(entry = PyTuple_Pack(2, stream, h ? Py_True : Py_False)) ||
+        PyObject_SetItem(allocs, blk, entry) < 0)
+        goto done;
+    if (!(unsited = PyObject_GetAttr(checker, s_unsited)) || !PyList_Check(unsited) ||
+        PyList_Append(unsited, blk) < 0)
+        goto done;
+    if (!(shadows = PyObject_GetAttr(checker, s_shadow)) || !PyDict_Check(shadows))
+        goto done;
+    PyObject *gone = NULL;
+    if (dict_pop(shadows, blk, &gone) < 0)
+        goto done;
+    Py_XDECREF(gone);
+    if (!(recs = PyObject_GetAttr(checker, s_recstreams)) || !PyDict_Check(recs))
+        goto done;
+    if (PyDict_GET_SIZE(recs)) {
+        gone = NULL;
+        if (dict_pop(recs, blk, &gone) < 0)
+            goto done;
+        Py_XDECREF(gone);
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    Py_XDECREF(tls); Py_XDECREF(thread); Py_XDECREF(stream); Py_XDECREF(blk); Py_XDECREF(host);
+    Py_XDECREF(allocs); Py_XDECREF(entry); Py_XDECREF(unsited); Py_XDECREF(shadows);
+    Py_XDECREF(recs);
+    if (result == NULL && !PyErr_Occurred())
+        PyErr_SetString(PyExc_TypeError, "on_alloc: unexpected checker state");
+    return result;
+}
+
+/* checker._only_on: every access in the shadow was made on timeline tid (1/0/-1) */
+static int only_on(PyObject *sh, PyObject *tid) {
+    PyObject *states = PyObject_GetAttr(sh, s_states);
+    if (states == NULL)
+        return -1;
+    PyObject *seq = PySequence_Fast(states, "states");
+    Py_DECREF(states);
+    if (seq == NULL)
+        return -1;
+    int out = 1;
+    for (Py_ssize_t i = 0; out == 1 && i < PySequence_Fast_GET_SIZE(seq); i++) {
+        PyObject *st = PySequence_Fast_GET_ITEM(seq, i);
+        if (st == Py_None)
+            continue;
+        PyObject *w = PySequence_GetItem(st, 0);
+        PyObject *rd = w ? PySequence_GetItem(st, 1) : NULL;
+        if (rd == NULL) {
+            Py_XDECREF(w);
+            out = -1;
+            break;
+        }
+        if (w != Py_None) {
+            int ne = PyObject_RichCompareBool(PyTuple_GET_ITEM(w, TL), tid, Py_NE);
+            if (ne != 0)
+                out = ne < 0 ? -1 : 0;
+        }
+        if (out == 1 && PyDict_Check(rd)) {
+            Py_ssize_t pos = 0;
+            PyObject *k, *v;
+            while (PyDict_Next(rd, &pos, &k, &v)) {
+                int ne = PyObject_RichCompareBool(k, tid, Py_NE);
+                if (ne != 0) {
+                    out = ne < 0 ? -1 : 0;
+                    break;
+                }
+            }
+        }
+        Py_DECREF(w);
+        Py_DECREF(rd);
+    }
+    Py_DECREF(seq);
+    return out;
+}
+
+/* Checker._on_free: on_free(checker, ctx_free_type, ev, seq) */
+static PyObject *c_on_free(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "on_free(checker, ctx_free_type, ev, seq)");
+        return NULL;
+    }
+    PyObject *checker = args[0], *ctx_free = args[1], *ev = args[2], *seq = args[3];
+    PyObject *tls = NULL, *thread = NULL, *h = NULL, *blk = NULL, *ctx = NULL, *entry = NULL,
+             *allocs = NULL, *stale = NULL, *shadows = NULL, *sh = NULL, *recs = NULL,
+             *rs = NULL, *names = NULL, *pair = NULL, *result = NULL;
+    PyObject *stream = Py_None;
+    int host = 1;
+    if (!(tls = PyObject_GetAttr(checker, s_tl)) || !(thread = PyObject_GetAttr(ev, s_thread)) ||
+        !(h = timeline(checker, tls, thread, s_new_host)) || !(blk = PyObject_GetAttr(ev, s_block)))
+        goto done;
+    if (!(pair = PyTuple_Pack(2, seq, blk)))
+        goto done;
+    PyObject *targs = PyTuple_Pack(1, pair);
+    if (targs == NULL)
+        goto done;
+    entry = PyTuple_Type.tp_new((PyTypeObject *)ctx_free, targs, NULL);
+    Py_DECREF(targs);
+    if (entry == NULL || !(ctx = PyObject_GetAttr(h, s_ctx)))
+        goto done;
+    PyObject *r = PyObject_CallMethodOneArg(ctx, s_append, entry);
+    if (r == NULL)
+        goto done;
+    Py_DECREF(r);
+    Py_CLEAR(entry);
+    if (!(allocs = PyObject_GetAttr(checker, s_allocs)) || !PyDict_Check(allocs))
+        goto done;
+    if (dict_pop(allocs, blk, &entry) < 0)
+        goto done;
+    if (entry != NULL && PyObject_IsTrue(entry)) {
+        stream = PyTuple_GET_ITEM(entry, 0);
+        host = PyObject_IsTrue(PyTuple_GET_ITEM(entry, 1));
+        if (host < 0)
+            goto done;
+    }
+    if (!(stale = PyObject_GetAttr(checker, s_stale_open)))
+        goto done;
+    int any = PyObject_IsTrue(stale);
+    if (any < 0 || (any && call_void(checker, s_settle_stale, &blk, 1) < 0))
+        goto done;
+    if (!(shadows = PyObject_GetAttr(checker, s_shadow)) || !PyDict_Check(shadows) ||
+        dict_pop(shadows, blk, &sh) < 0)
+        goto done;
+    if (!(recs = PyObject_GetAttr(checker, s_recstreams)) || !PyDict_Check(recs))
+        goto done;
+    if (PyDict_GET_SIZE(recs)) {
+        if (dict_pop(recs, blk, &rs) < 0)
+            goto done;
+        if (rs != NULL) {
+            int t = PyObject_IsTrue(rs);
+            if (t < 0)
+                goto done;
+            if (!t)
+                Py_CLEAR(rs);
+        }
+    }
+    if (rs == NULL) {
+        rs = empty_tuple;
+        Py_INCREF(rs);
+    }
+    if (sh != NULL && !host && stream != Py_None) {
+        int only = only_on(sh, stream);
+        if (only < 0)
+            goto done;
+        if (!only) {
+            PyObject *a[7] = {ev, seq, h, blk, stream, sh, rs};
+            if (call_void(checker, s_check_rc005, a, 7) < 0)
+                goto done;
+        }
+    }
+    if (!(names = PyObject_GetAttr(checker, s_names)) || !PyDict_Check(names))
+        goto done;
+    if (PyDict_GET_SIZE(names)) {
+        PyObject *gone = NULL;
+        if (dict_pop(names, blk, &gone) < 0)
+            goto done;
+        Py_XDECREF(gone);
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    Py_XDECREF(tls); Py_XDECREF(thread); Py_XDECREF(h); Py_XDECREF(blk); Py_XDECREF(ctx);
+    Py_XDECREF(entry); Py_XDECREF(allocs); Py_XDECREF(stale); Py_XDECREF(shadows);
+    Py_XDECREF(sh); Py_XDECREF(recs); Py_XDECREF(rs); Py_XDECREF(names); Py_XDECREF(pair);
+    if (result == NULL && !PyErr_Occurred())
+        PyErr_SetString(PyExc_TypeError, "on_free: unexpected checker state");
+    return result;
+}
+
+/* ---- the recorder's emit ------------------------------------------------------------------- */
+
+/* Recorder.emit's common case (nothing unresolved, no liveness poll, no storage death to report):
+   append to the queue, hand a full batch to the checker; anything else calls the Python emit. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *recorder, *pending, *slow;
+    Py_ssize_t batch;
+} Emitter;
+
+static int em_traverse(Emitter *e, visitproc visit, void *arg) {
+    Py_VISIT(e->recorder); Py_VISIT(e->pending); Py_VISIT(e->slow);
+    return 0;
+}
+
+static int em_clear(Emitter *e) {
+    Py_CLEAR(e->recorder); Py_CLEAR(e->pending); Py_CLEAR(e->slow);
+    return 0;
+}
+
+static void em_dealloc(Emitter *e) {
+    PyObject_GC_UnTrack(e);
+    em_clear(e);
+    Py_TYPE(e)->tp_free((PyObject *)e);
+}
+
+static int attr_true(PyObject *obj, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL)
+        return -1;
+    int t = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return t;
+}
+
+static PyObject *em_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                               PyObject *kwnames) {
+    Emitter *e = (Emitter *)self;
+    if (PyVectorcall_NARGS(nargsf) != 1 || kwnames != NULL) {
+        PyErr_SetString(PyExc_TypeError, "emit(event)");
+        return NULL;
+    }
+    int t = attr_true(e->recorder, s_unresolved);
+    if (t == 0) {
+        PyObject *lv = PyObject_GetAttr(e->recorder, s_liveness);
+        if (lv == NULL)
+            return NULL;
+        t = lv != Py_None;
+        Py_DECREF(lv);
+    }
+    if (t == 0)
+        t = attr_true(e->recorder, s_dead);
+    if (t < 0)
+        return NULL;
+    if (t)
+        return PyObject_Vectorcall(e->slow, args, 1, NULL);
+    PyObject *r = PyObject_CallMethodOneArg(e->pending, s_append, args[0]);
+    if (r == NULL)
+        return NULL;
+    Py_DECREF(r);
+    Py_ssize_t n = PyObject_Length(e->pending);
+    if (n < 0)
+        return NULL;
+    if (n >= e->batch) {
+        int busy = attr_true(e->recorder, s_busy);
+        if (busy < 0)
+            return NULL;
+        if (!busy) {
+            r = PyObject_CallMethodNoArgs(e->recorder, s_flush_pending);
+            if (r == NULL)
+                return NULL;
+            Py_DECREF(r);
+        }
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *em_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *recorder, *pending, *slow;
+    Py_ssize_t batch;
+    if (!PyArg_ParseTuple(args, "OOnO:Emitter", &recorder, &pending, &batch, &slow))
+        return NULL;
+    Emitter *e = (Emitter *)type->tp_alloc(type, 0);
+    if (e == NULL)
+        return NULL;
+    Py_INCREF(recorder); e->recorder = recorder;
+    Py_INCREF(pending); e->pending = pending;
+    Py_INCREF(slow); e->slow = slow;
+    e->batch = batch;
+    e->vectorcall = em_vectorcall;
+    return (PyObject *)e;
+}
+
+static PyTypeObject EmitterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "racecheck._speedups.Emitter",
+    .tp_basicsize = sizeof(Emitter),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "Emitter(recorder, pending, batch, slow_emit): Recorder.emit's common case in C",
+    .tp_new = em_new,
+    .tp_dealloc = (destructor)em_dealloc,
+    .tp_traverse = (traverseproc)em_traverse,
+    .tp_clear = (inquiry)em_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Emitter, vectorcall),
+};
+
+/* ---- footprints of whole tensors (instrumentation/footprints.py FootprintMaker.of) --------- */
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *by_cdata, *register_fn, *compute, *footprint_type, *tok, *attr, *born_attr;
+} Footprints;
+
+static int fps_traverse(Footprints *f, visitproc visit, void *arg) {
+    Py_VISIT(f->by_cdata); Py_VISIT(f->register_fn); Py_VISIT(f->compute);
+    Py_VISIT(f->footprint_type); Py_VISIT(f->tok); Py_VISIT(f->attr); Py_VISIT(f->born_attr);
+    return 0;
+}
+
+static int fps_clear(Footprints *f) {
+    Py_CLEAR(f->by_cdata); Py_CLEAR(f->register_fn); Py_CLEAR(f->compute);
+    Py_CLEAR(f->footprint_type); Py_CLEAR(f->tok); Py_CLEAR(f->attr); Py_CLEAR(f->born_attr);
+    return 0;
+}
+
+static void fps_dealloc(Footprints *f) {
+    PyObject_GC_UnTrack(f);
+    fps_clear(f);
+    Py_TYPE(f)->tp_free((PyObject *)f);
+}
+
+static PyObject *call0(PyObject *obj, PyObject *name) {
+    return PyObject_CallMethodNoArgs(obj, name);
+}
+
+static long long call0_ll(PyObject *obj, PyObject *name, int *err) {
+    PyObject *v = call0(obj, name);
+    if (v == NULL) {
+        *err = 1;
+        return 0;
+    }
+    long long x = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    if (x == -1 && PyErr_Occurred())
+        *err = 1;
+    return x;
+}
+
+/* A new Footprint(sid, ((lo, hi),), host, None, born) without running __init__ */
+static PyObject *new_footprint(Footprints *f, PyObject *sid, long long lo, long long hi,
+                               PyObject *host, PyObject *born) {
+    PyTypeObject *tp = (PyTypeObject *)f->footprint_type;
+    PyObject *ranges = Py_BuildValue("((LL))", lo, hi);
+    if (ranges == NULL)
+        return NULL;
+    PyObject *fp = tp->tp_new(tp, empty_tuple, NULL);
+    if (fp == NULL || PyObject_SetAttr(fp, s_storage, sid) < 0 ||
+        PyObject_SetAttr(fp, s_ranges, ranges) < 0 || PyObject_SetAttr(fp, s_host, host) < 0 ||
+        PyObject_SetAttr(fp, s_approx, Py_None) < 0 || PyObject_SetAttr(fp, s_born, born) < 0) {
+        Py_XDECREF(fp);
+        Py_DECREF(ranges);
+        return NULL;
+    }
+    Py_DECREF(ranges);
+    return fp;
+}
+
+/* The footprint of a contiguous tensor t not in the cache (new reference); Py_None when the
+   tensor is empty; NULL without an error: not contiguous (the caller computes it in Python). */
+static PyObject *contiguous_fp(Footprints *f, PyObject *t) {
+    int err = 0;
+    long long n = call0_ll(t, s_numel, &err);
+    if (err)
+        return NULL;
+    if (n == 0) {
+        Py_RETURN_NONE;
+    }
+    PyObject *c = call0(t, s_is_contiguous);
+    if (c == NULL)
+        return NULL;
+    int contiguous = PyObject_IsTrue(c);
+    Py_DECREF(c);
+    if (contiguous <= 0)
+        return NULL;
+    PyObject *st = call0(t, s_untyped_storage);
+    if (st == NULL)
+        return NULL;
+    PyObject *key = PyObject_GetAttr(st, s_cdata);
+    if (key == NULL) {
+        Py_DECREF(st);
+        return NULL;
+    }
+    PyObject *entry = PyDict_GetItemWithError(f->by_cdata, key);
+    PyObject *sid, *host;
+    if (entry != NULL) {
+        Py_INCREF(entry);
+    } else if (!PyErr_Occurred()) {
+        PyObject *a[2] = {t, st};
+        entry = PyObject_Vectorcall(f->register_fn, a, 2, NULL);
+    }
+    Py_DECREF(key);
+    Py_DECREF(st);
+    if (entry == NULL)
+        return NULL;
+    /* a registry entry is (sid, weakref, host); register() returns (sid, host) */
+    if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) < 2) {
+        Py_DECREF(entry);
+        PyErr_SetString(PyExc_TypeError, "storage registry entry");
+        return NULL;
+    }
+    sid = PyTuple_GET_ITEM(entry, 0);
+    host = PyTuple_GET_ITEM(entry, PyTuple_GET_SIZE(entry) - 1);
+    long long itemsize = call0_ll(t, s_element_size, &err);
+    long long off = err ? 0 : call0_ll(t, s_storage_offset, &err);
+    PyObject *born = NULL;
+    if (!err) {
+        PyObject *view = call0(t, s_is_view);
+        int is = view ? PyObject_IsTrue(view) : -1;
+        Py_XDECREF(view);
+        if (is < 0)
+            err = 1;
+        else if (is) {
+            PyObject *d = PyObject_GetAttr(t, s_dict);
+            if (d == NULL)
+                err = 1;
+            else {
+                born = PyDict_Check(d) ? PyDict_GetItemWithError(d, f->born_attr) : NULL;
+                Py_XINCREF(born);
+                Py_DECREF(d);
+                if (born == NULL && PyErr_Occurred())
+                    err = 1;
+            }
+        }
+    }
+    PyObject *fp = NULL;
+    if (!err)
+        fp = new_footprint(f, sid, off * itemsize, (off + n) * itemsize, host,
+                           born ? born : Py_None);
+    Py_XDECREF(born);
+    Py_DECREF(entry);
+    if (fp == NULL && !PyErr_Occurred())
+        PyErr_SetString(PyExc_RuntimeError, "footprint");
+    return fp;
+}
+
+static PyObject *fps_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                                PyObject *kwnames) {
+    Footprints *f = (Footprints *)self;
+    if (PyVectorcall_NARGS(nargsf) != 1 || kwnames != NULL) {
+        PyErr_SetString(PyExc_TypeError, "of(tensor)");
+        return NULL;
+    }
+    PyObject *t = args[0];
+    PyObject *d = PyObject_GetAttr(t, s_dict);
+    if (d == NULL)
+        return NULL;
+    PyObject *hit = PyDict_Check(d) ? PyDict_GetItemWithError(d, f->attr) : NULL;
+    PyObject *ptr = NULL;
+    if (hit != NULL && PyTuple_Check(hit) && PyTuple_GET_SIZE(hit) == 3) {
+        int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(hit, 0), f->tok, Py_EQ);
+        if (same > 0) {
+            ptr = call0(t, s_data_ptr);
+            same = ptr ? PyObject_RichCompareBool(PyTuple_GET_ITEM(hit, 1), ptr, Py_EQ) : -1;
+        }
+        if (same < 0) {
+            Py_XDECREF(ptr);
+            Py_DECREF(d);
+            return NULL;
+        }
+        if (same) {
+            PyObject *fp = PyTuple_GET_ITEM(hit, 2);
+            Py_INCREF(fp);
+            Py_DECREF(ptr);
+            Py_DECREF(d);
+            return fp;
+        }
+    } else if (hit == NULL && PyErr_Occurred()) {
+        Py_DECREF(d);
+        return NULL;
+    }
+    PyObject *fp = contiguous_fp(f, t);
+    if (fp == NULL) {
+        if (PyErr_Occurred()) {
+            Py_XDECREF(ptr);
+            Py_DECREF(d);
+            return NULL;
+        }
+        fp = PyObject_CallOneArg(f->compute, t);       /* strided: the Python path */
+        if (fp == NULL) {
+            Py_XDECREF(ptr);
+            Py_DECREF(d);
+            return NULL;
+        }
+    }
+    if (fp != Py_None) {
+        /* the data pointer after the computation, as the Python version reads it */
+        Py_XDECREF(ptr);
+        ptr = call0(t, s_data_ptr);
+        PyObject *entry = ptr ? PyTuple_Pack(3, f->tok, ptr, fp) : NULL;
+        if (entry == NULL || PyDict_SetItem(d, f->attr, entry) < 0) {
+            Py_XDECREF(entry);
+            Py_XDECREF(ptr);
+            Py_DECREF(fp);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(entry);
+    }
+    Py_XDECREF(ptr);
+    Py_DECREF(d);
+    return fp;
+}
+
+static PyObject *fps_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"by_cdata", "register", "compute", "footprint_type", "token", "attr",
+                             "born_attr", NULL};
+    PyObject *by_cdata, *reg, *compute, *ftype, *tok, *attr, *born_attr;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOO!OO!O!:Footprints", kwlist,
+                                     &PyDict_Type, &by_cdata, &reg, &compute, &PyType_Type,
+                                     &ftype, &tok, &PyUnicode_Type, &attr, &PyUnicode_Type,
+                                     &born_attr))
+        return NULL;
+    Footprints *f = (Footprints *)type->tp_alloc(type, 0);
+    if (f == NULL)
+        return NULL;
+    Py_INCREF(by_cdata); f->by_cdata = by_cdata;
+    Py_INCREF(reg); f->register_fn = reg;
+    Py_INCREF(compute); f->compute = compute;
+    Py_INCREF(ftype); f->footprint_type = ftype;
+    Py_INCREF(tok); f->tok = tok;
+    Py_INCREF(attr); f->attr = attr;
+    Py_INCREF(born_attr); f->born_attr = born_attr;
+    f->vectorcall = fps_vectorcall;
+    return (PyObject *)f;
+}
+
+static PyTypeObject FootprintsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "racecheck._speedups.Footprints",
+    .tp_basicsize = sizeof(Footprints),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "FootprintMaker.of in C: cached footprints, contiguous tensors computed here",
+    .tp_new = fps_new,
+    .tp_dealloc = (destructor)fps_dealloc,
+    .tp_traverse = (traverseproc)fps_traverse,
+    .tp_clear = (inquiry)fps_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Footprints, vectorcall),
+};
+
+
+/* ---- the storage registry (instrumentation/footprints.py StorageRegistry) ------------------- */
+#ifdef HAVE_FRAME_API
+
+#define FREE_FRAMES 4
+
+/* The weakref callback of one registered storage: StorageRegistry.register's _died. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *key, *sid, *by_cdata, *cdata_of, *host_sids, *dead;
+} DeathWatch;
+
+static int dw_traverse(DeathWatch *w, visitproc visit, void *arg) {
+    Py_VISIT(w->key); Py_VISIT(w->sid); Py_VISIT(w->by_cdata); Py_VISIT(w->cdata_of);
+    Py_VISIT(w->host_sids); Py_VISIT(w->dead);
+    return 0;
+}
+
+static int dw_clear(DeathWatch *w) {
+    Py_CLEAR(w->key); Py_CLEAR(w->sid); Py_CLEAR(w->by_cdata); Py_CLEAR(w->cdata_of);
+    Py_CLEAR(w->host_sids); Py_CLEAR(w->dead);
+    return 0;
+}
+
+static void dw_dealloc(DeathWatch *w) {
+    PyObject_GC_UnTrack(w);
+    dw_clear(w);
+    Py_TYPE(w)->tp_free((PyObject *)w);
+}
+
+/* Where the last reference went (the `del`, the rebinding, the return that dropped the
+   tensor): one frame when it is the program's, else the program's frames around it. */
+static PyObject *drop_stack(void) {
+    PyFrameObject *f = PyEval_GetFrame();
+    if (f == NULL)
+        return PyTuple_New(0);
+    PyCodeObject *code = PyFrame_GetCode(f);
+    PyObject *v = PyDict_GetItemWithError(st_internal, code->co_filename);
+    Py_DECREF(code);
+    if (v == NULL && PyErr_Occurred())
+        return NULL;
+    if (v == Py_False) {
+        PyObject *e = frame_entry(f);
+        if (e == NULL)
+            return NULL;
+        PyObject *t = PyTuple_Pack(1, e);
+        Py_DECREF(e);
+        return t;
+    }
+    return capture_impl(FREE_FRAMES, 1);
+}
+
+static PyObject *dw_call(PyObject *self, PyObject *args, PyObject *kwargs) {
+    DeathWatch *w = (DeathWatch *)self;
+    PyObject *cur = PyDict_GetItemWithError(w->by_cdata, w->key);
+    if (cur == NULL && PyErr_Occurred())
+        return NULL;
+    if (cur != NULL && PyTuple_Check(cur) && PyTuple_GET_SIZE(cur) > 0) {
+        int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(cur, 0), w->sid, Py_EQ);
+        if (same < 0 || (same && PyDict_DelItem(w->by_cdata, w->key) < 0))
+            return NULL;
+    }
+    PyObject *gone = NULL;
+    if (dict_pop(w->cdata_of, w->sid, &gone) < 0)
+        return NULL;
+    Py_XDECREF(gone);
+    if (PySet_Discard(w->host_sids, w->sid) < 0)
+        return NULL;
+    PyObject *stack = drop_stack();
+    if (stack == NULL)
+        return NULL;
+    PyObject *item = PyTuple_Pack(2, w->sid, stack);
+    Py_DECREF(stack);
+    if (item == NULL)
+        return NULL;
+    PyObject *r = PyObject_CallMethodOneArg(w->dead, s_append, item);
+    Py_DECREF(item);
+    if (r == NULL)
+        return NULL;
+    Py_DECREF(r);
+    Py_RETURN_NONE;
+}
+
+static PyTypeObject DeathWatchType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "racecheck._speedups.DeathWatch",
+    .tp_basicsize = sizeof(DeathWatch),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A registered storage's weakref callback (StorageRegistry.register's _died)",
+    .tp_dealloc = (destructor)dw_dealloc,
+    .tp_traverse = (traverseproc)dw_traverse,
+    .tp_clear = (inquiry)dw_clear,
+    .tp_call = dw_call,
+};
+
+/* StorageRegistry.register: register(registry, t, st, host=False) -> (sid, host) */
+static PyObject *c_register(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 3 || nargs > 4) {
+        PyErr_SetString(PyExc_TypeError, "register(registry, t, st, host=False)");
+        return NULL;
+    }
+    PyObject *reg = args[0], *t = args[1], *st = args[2];
+    int host = nargs > 3 ? PyObject_IsTrue(args[3]) : 0;
+    if (host < 0)
+        return NULL;
+    PyObject *key = NULL, *next = NULL, *sid = NULL, *by_cdata = NULL, *cdata_of = NULL,
+             *host_sids = NULL, *dead = NULL, *ref = NULL, *entry = NULL, *nbytes = NULL,
+             *result = NULL;
+    DeathWatch *w = NULL;
+    if (!(key = PyObject_GetAttr(st, s_cdata)))
+        goto done;
+    if (!host) {
+        host = attr_true(reg, s_new_are_host);
+        if (host < 0)
+            goto done;
+    }
+    if (!host) {
+        PyObject *host_of = PyObject_GetAttr(reg, s_host_of);
+        if (host_of == NULL)
+            goto done;
+        if (host_of != Py_None) {
+            PyObject *r = PyObject_CallOneArg(host_of, t);
+            host = r ? PyObject_IsTrue(r) : -1;
+            Py_XDECREF(r);
+        }
+        Py_DECREF(host_of);
+        if (host < 0)
+            goto done;
+    }
+    if (!(sid = PyObject_GetAttr(reg, s_next)) || !(next = PyNumber_Add(sid, one)) ||
+        PyObject_SetAttr(reg, s_next, next) < 0)
+        goto done;
+    if (!(by_cdata = PyObject_GetAttr(reg, s_by_cdata)) ||
+        !(cdata_of = PyObject_GetAttr(reg, s_cdata_of)) ||
+        !(host_sids = PyObject_GetAttr(reg, s_host_sids)) || !(dead = PyObject_GetAttr(reg, s_dead)))
+        goto done;
+    if (!(w = PyObject_GC_New(DeathWatch, &DeathWatchType)))
+        goto done;
+    Py_INCREF(key); w->key = key;
+    Py_INCREF(sid); w->sid = sid;
+    Py_INCREF(by_cdata); w->by_cdata = by_cdata;
+    Py_INCREF(cdata_of); w->cdata_of = cdata_of;
+    Py_INCREF(host_sids); w->host_sids = host_sids;
+    Py_INCREF(dead); w->dead = dead;
+    PyObject_GC_Track(w);
+    if (!(ref = PyWeakref_NewRef(st, (PyObject *)w)))
+        goto done;
+    PyObject *hostb = host ? Py_True : Py_False;
+    if (!(entry = PyTuple_Pack(3, sid, ref, hostb)) || PyObject_SetItem(by_cdata, key, entry) < 0 ||
+        PyObject_SetItem(cdata_of, sid, key) < 0)
+        goto done;
+    if (host && PySet_Add(host_sids, sid) < 0)
+        goto done;
+    if (!(nbytes = PyObject_CallMethodNoArgs(st, s_nbytes)))
+        goto done;
+    PyObject *on_new = PyObject_GetAttr(reg, s_on_new);
+    if (on_new == NULL)
+        goto done;
+    PyObject *a[3] = {sid, nbytes, hostb};
+    PyObject *r = PyObject_Vectorcall(on_new, a, 3, NULL);
+    Py_DECREF(on_new);
+    if (r == NULL)
+        goto done;
+    Py_DECREF(r);
+    result = PyTuple_Pack(2, sid, hostb);
+done:
+    Py_XDECREF(key); Py_XDECREF(next); Py_XDECREF(sid); Py_XDECREF(by_cdata);
+    Py_XDECREF(cdata_of); Py_XDECREF(host_sids); Py_XDECREF(dead); Py_XDECREF(ref);
+    Py_XDECREF(entry); Py_XDECREF(nbytes); Py_XDECREF((PyObject *)w);
+    return result;
+}
+#endif /* HAVE_FRAME_API */
+
+/* ---- a device backend's stream lookups (instrumentation/device.py) ------------------------ */
+
+/* DeviceBackend.op_stream_tid (by_args) / current_stream_tid: the timeline of the current stream
+   (of the first tensor's device) when it is known, else the Python method. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *cur, *tids, *slow, *tensor;
+    int by_args;
+} StreamOf;
+
+static int so_traverse(StreamOf *o, visitproc visit, void *arg) {
+    Py_VISIT(o->cur); Py_VISIT(o->tids); Py_VISIT(o->slow); Py_VISIT(o->tensor);
+    return 0;
+}
+
+static int so_clear(StreamOf *o) {
+    Py_CLEAR(o->cur); Py_CLEAR(o->tids); Py_CLEAR(o->slow); Py_CLEAR(o->tensor);
+    return 0;
+}
+
+static void so_dealloc(StreamOf *o) {
+    PyObject_GC_UnTrack(o);
+    so_clear(o);
+    Py_TYPE(o)->tp_free((PyObject *)o);
+}
+
+static PyObject *so_known(StreamOf *o, PyObject *dev) {
+    PyObject *key = PyObject_CallOneArg(o->cur, dev);
+    if (key == NULL)
+        return NULL;
+    PyObject *tid = PyDict_GetItemWithError(o->tids, key);
+    Py_DECREF(key);
+    Py_XINCREF(tid);
+    return tid;
+}
+
+static PyObject *so_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                               PyObject *kwnames) {
+    StreamOf *o = (StreamOf *)self;
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (kwnames != NULL || n != (o->by_args ? 2 : 0)) {
+        PyErr_SetString(PyExc_TypeError, o->by_args ? "op_stream_tid(args, kwargs)"
+                                                    : "current_stream_tid()");
+        return NULL;
+    }
+    PyObject *tid = NULL;
+    if (!o->by_args) {
+        PyObject *dev = PyLong_FromLong(-1);
+        if (dev == NULL)
+            return NULL;
+        tid = so_known(o, dev);
+        Py_DECREF(dev);
+    } else if (PyTuple_Check(args[0]) && PyTuple_GET_SIZE(args[0]) > 0) {
+        PyObject *a = PyTuple_GET_ITEM(args[0], 0);
+        int is = PyObject_IsInstance(a, o->tensor);
+        if (is < 0)
+            return NULL;
+        if (is) {
+            int cpu = attr_true(a, s_is_cpu);
+            if (cpu < 0)
+                return NULL;
+            if (!cpu) {
+                PyObject *dev = PyObject_CallMethodNoArgs(a, s_get_device);
+                if (dev == NULL)
+                    return NULL;
+                tid = so_known(o, dev);
+                Py_DECREF(dev);
+            }
+        }
+    }
+    if (tid != NULL || PyErr_Occurred())
+        return tid;
+    return PyObject_Vectorcall(o->slow, args, n, NULL);
+}
+
+static PyObject *so_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"cur", "tids", "slow", "tensor", "by_args", NULL};
+    PyObject *cur, *tids, *slow, *tensor;
+    int by_args;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!OOp:StreamOf", kwlist, &cur, &PyDict_Type,
+                                     &tids, &slow, &tensor, &by_args))
+        return NULL;
+    StreamOf *o = (StreamOf *)type->tp_alloc(type, 0);
+    if (o == NULL)
+        return NULL;
+    Py_INCREF(cur); o->cur = cur;
+    Py_INCREF(tids); o->tids = tids;
+    Py_INCREF(slow); o->slow = slow;
+    Py_INCREF(tensor); o->tensor = tensor;
+    o->by_args = by_args;
+    o->vectorcall = so_vectorcall;
+    return (PyObject *)o;
+}
+
+static PyTypeObject StreamOfType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "racecheck._speedups.StreamOf",
+    .tp_basicsize = sizeof(StreamOf),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "StreamOf(cur, tids, slow, tensor, by_args): a device backend's stream lookup",
+    .tp_new = so_new,
+    .tp_dealloc = (destructor)so_dealloc,
+    .tp_traverse = (traverseproc)so_traverse,
+    .tp_clear = (inquiry)so_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(StreamOf, vectorcall),
+};
+
+/* Checker._on_replay's per-op update: replay_ops(checker, ops, tid, clock, seq, ev, graph, vc) */
+static PyObject *c_replay_ops(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8 || !PyDict_Check(args[7])) {
+        PyErr_SetString(PyExc_TypeError, "replay_ops(checker, ops, tid, clock, seq, ev, graph, vc)");
+        return NULL;
+    }
+    PyObject *checker = args[0], *tid = args[2], *clock = args[3], *seq = args[4], *ev = args[5],
+             *graph = args[6], *vc = args[7];
+    PyObject *ops = PySequence_Fast(args[1], "ops");
+    PyObject *shadows = ops ? PyObject_GetAttr(checker, s_shadow) : NULL;
+    if (shadows == NULL) {
+        Py_XDECREF(ops);
+        return NULL;
+    }
+    int rc = 0;
+    for (Py_ssize_t k = 0; rc == 0 && k < PySequence_Fast_GET_SIZE(ops); k++) {
+        PyObject *cop = PySequence_Fast_GET_ITEM(ops, k);
+        PyObject *rec = PyTuple_Pack(7, tid, clock, seq, ev, cop, Py_False, graph);
+        PyObject *fps = rec ? PyObject_GetAttr(cop, s_reads) : NULL;
+        int any = fps ? PyObject_IsTrue(fps) : -1;
+        if (any < 0 || (any && do_read(checker, shadows, fps, rec, vc) < 0))
+            rc = -1;
+        Py_XDECREF(fps);
+        fps = rc == 0 ? PyObject_GetAttr(cop, s_writes) : NULL;
+        any = fps ? PyObject_IsTrue(fps) : -1;
+        if (rc == 0 && (any < 0 || (any && do_write(checker, shadows, fps, rec, vc, graph) < 0)))
+            rc = -1;
+        Py_XDECREF(fps);
+        Py_XDECREF(rec);
+    }
+    Py_DECREF(ops);
+    Py_DECREF(shadows);
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
 #ifdef HAVE_FRAME_API
+    {"register", (PyCFunction)(void (*)(void))c_register, METH_FASTCALL,
+     "register(registry, t, st, host=False): as StorageRegistry.register"},
     {"stack_setup", (PyCFunction)stack_setup, METH_VARARGS,
      "stack_setup(internal, offsets, last, inside, last_limit): share stacks.py's caches"},
     {"capture", (PyCFunction)(void (*)(void))capture, METH_FASTCALL | METH_KEYWORDS,
@@ -1281,6 +2223,12 @@ static PyMethodDef methods[] = {
      "on_kernel(checker, ev, seq): as Checker._on_kernel"},
     {"read", (PyCFunction)(void (*)(void))c_read, METH_FASTCALL,
      "read(checker, fps, rec, vc): as Checker._read"},
+    {"on_alloc", (PyCFunction)(void (*)(void))c_on_alloc, METH_FASTCALL,
+     "on_alloc(checker, ev, seq): as Checker._on_alloc"},
+    {"on_free", (PyCFunction)(void (*)(void))c_on_free, METH_FASTCALL,
+     "on_free(checker, ctx_free_type, ev, seq): as Checker._on_free"},
+    {"replay_ops", (PyCFunction)(void (*)(void))c_replay_ops, METH_FASTCALL,
+     "replay_ops(checker, ops, tid, clock, seq, ev, graph, vc): Checker._on_replay's per-op update"},
     {"process_all", (PyCFunction)(void (*)(void))c_process_all, METH_FASTCALL,
      "process_all(checker, sited_types, events): as Checker.process_all"},
     {"write", (PyCFunction)(void (*)(void))c_write, METH_FASTCALL,
@@ -1294,16 +2242,25 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_speedups",
 PyMODINIT_FUNC PyInit__speedups(void) {
     if (intern_all() < 0)
         return NULL;
-    if (PyType_Ready(&FastPlanType) < 0)
+    if (PyType_Ready(&FastPlanType) < 0 || PyType_Ready(&EmitterType) < 0 ||
+        PyType_Ready(&FootprintsType) < 0 || PyType_Ready(&StreamOfType) < 0)
         return NULL;
+#ifdef HAVE_FRAME_API
+    if (PyType_Ready(&DeathWatchType) < 0)
+        return NULL;
+#endif
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    Py_INCREF(&FastPlanType);
-    if (PyModule_AddObject(m, "FastPlan", (PyObject *)&FastPlanType) < 0) {
-        Py_DECREF(&FastPlanType);
-        Py_DECREF(m);
-        return NULL;
+    PyTypeObject *types[4] = {&FastPlanType, &EmitterType, &FootprintsType, &StreamOfType};
+    const char *names[4] = {"FastPlan", "Emitter", "Footprints", "StreamOf"};
+    for (int i = 0; i < 4; i++) {
+        Py_INCREF(types[i]);
+        if (PyModule_AddObject(m, names[i], (PyObject *)types[i]) < 0) {
+            Py_DECREF(types[i]);
+            Py_DECREF(m);
+            return NULL;
+        }
     }
     return m;
 }

@@ -354,7 +354,15 @@ class Checker:
             self._read = partial(fast.read, self)
         if cls._write is _REFERENCE["_write"]:
             self._write = partial(fast.write, self)
-        if cls.process_all is _REFERENCE["process_all"]:
+        if cls._on_alloc is _REFERENCE["_on_alloc"]:
+            self._handlers[Alloc] = partial(fast.on_alloc, self)
+        if cls._on_free is _REFERENCE["_on_free"]:
+            self._handlers[Free] = partial(fast.on_free, self, _CtxFree)
+        if cls._replay_ops is _REFERENCE["_replay_ops"] and cls._read is _REFERENCE["_read"] \
+                and cls._write is _REFERENCE["_write"]:
+            self._replay_ops = partial(fast.replay_ops, self)
+        if cls.process_all is _REFERENCE["process_all"] \
+                and cls._assign_sites is _REFERENCE["_assign_sites"]:
             self.process_all = partial(fast.process_all, self, _SITED)
 
     # ---- public API ---------------------------------------------------------------------------
@@ -886,16 +894,20 @@ class Checker:
             plan = gr.plan = ReplayPlan(gr.ops)
         if not (self.merge_replays and plan.accesses >= self.merge_min_accesses * plan.intervals
                 and self._replay_merged(gr, plan, tid, c, seq, ev, vc)):
-            for cop in gr.ops:
-                rec = (tid, c, seq, ev, cop, False, g)
-                if cop.reads:
-                    self._read(cop.reads, rec, vc)
-                if cop.writes:
-                    self._write(cop.writes, rec, vc, g)
+            self._replay_ops(gr.ops, tid, c, seq, ev, g, vc)
         gr.nreplays += 1
         if gr.first_replay is None:
             gr.first_replay = seq
         gr.last_replay = _new(_Replay, (seq, tid, ev))
+
+    def _replay_ops(self, ops, tid, c, seq, ev, g, vc):
+        """The per-op update of a replay: each captured op's accesses, in capture order."""
+        for cop in ops:
+            rec = (tid, c, seq, ev, cop, False, g)
+            if cop.reads:
+                self._read(cop.reads, rec, vc)
+            if cop.writes:
+                self._write(cop.writes, rec, vc, g)
 
     def _replay_merged(self, gr, plan, tid, c, seq, ev, vc) -> bool:
         """The replay merged into shadow memory in one step per interval of its footprint
@@ -1414,4 +1426,6 @@ class Checker:
 
 
 # the Python handlers racecheck/_speedups.c ports (Checker._use_native)
-_REFERENCE = {name: getattr(Checker, name) for name in ("_on_kernel", "_read", "_write", "process_all")}
+_REFERENCE = {name: getattr(Checker, name) for name in ("_on_kernel", "_read", "_write", "process_all",
+                                                      "_on_alloc", "_on_free", "_assign_sites",
+                                                      "_replay_ops")}

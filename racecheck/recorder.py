@@ -11,6 +11,7 @@ import collections
 import threading
 import traceback
 
+from . import native
 from .checker import Checker
 from .trace import (Copy, Free, GraphReplay, HostSync, Kernel, NameTimeline, StreamWaitEvent,
                     StreamWaitStream, Trace)
@@ -63,6 +64,10 @@ class Recorder:
         self._liveness_before = ()
         self._freed: set = set()       # storage ids whose Free was emitted early (by the hook)
         self.dead: collections.deque = collections.deque()   # (block, stack) that died, unreported
+        fast = native.speedups
+        if fast is not None and type(self).emit is Recorder.emit:
+            # emit's common case in C; the rest through the method below
+            self.emit = fast.Emitter(self, self._pending, BATCH, Recorder.emit.__get__(self))
 
     def set_namer(self, namer) -> None:
         """`namer(storage, lo, hi) -> str | None`: the program's name for an unnamed tensor."""

@@ -13,7 +13,7 @@ isolation=()
 "$VENV/bin/python" -c "import setuptools, wheel" 2>/dev/null && isolation=(--no-build-isolation)
 mkdir "$work/src"     # a clean copy: a build/ folder left in the checkout would leak into the wheel
 tar -C "$ROOT" --exclude=./.git --exclude='./.venv*' --exclude=./build --exclude='*.egg-info' \
-    --exclude=__pycache__ -cf - . | tar -C "$work/src" -xf -
+    --exclude=__pycache__ --exclude='*.so' -cf - . | tar -C "$work/src" -xf -
 "$VENV/bin/python" -m pip wheel -q --no-deps "${isolation[@]}" -w "$work/dist" "$work/src"
 wheel=$(ls "$work"/dist/racecheck-*.whl)
 echo "wheel-check: built $(basename "$wheel")"
@@ -26,6 +26,10 @@ index=()
 "$work/venv/bin/python" -m pip install -q "$wheel" pytest numpy
 cd "$work"
 "$work/venv/bin/python" -c "import racecheck, sys; assert '/site-packages/' in racecheck.__file__, racecheck.__file__"
+if command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1; then
+  "$work/venv/bin/python" -c "from racecheck import native; assert native.built is not None, 'the wheel has no C hot path'"
+  echo "wheel-check: the C hot path is in the wheel: ok"
+fi
 
 bin="$work/venv/bin"
 "$bin/racecheck" list > list.txt

@@ -187,7 +187,13 @@ def test_a_storage_dropped_with_no_python_frame_is_still_reported(monkeypatch):
 
     def no_frame(depth=0):
         raise ValueError("call stack is not deep enough")
-    reg = footprints.StorageRegistry(lambda sid, nbytes, host: None)
+    from racecheck import native
+    was = native.speedups is not None
+    native.use(False)        # the Python registry (the C one asks the interpreter for the frame)
+    try:
+        reg = footprints.StorageRegistry(lambda sid, nbytes, host: None)
+    finally:
+        native.use(was)
     t = torch.zeros(4)
     sid, _ = reg.lookup(t)
     monkeypatch.setattr(footprints, "getframe", no_frame)
