@@ -4,7 +4,9 @@
 
 One process, configurations in this order (none of them activates torch's GPU trace, so they can
 share it; `--callbacks` adds racecheck with trace callbacks last, which activates it for good):
-plain, a do-nothing dispatch mode, racecheck `cuda`, rounds interleaved. Then each workload once
+plain, a do-nothing dispatch mode, racecheck `cuda`, racecheck `cuda` with its C hot path off
+(the Python reference), rounds interleaved; ratios are also given per round (the configurations
+of a round run back to back, so a noisy host disturbs a round's ratio less than a median). Then each workload once
 more under racecheck with cProfile, the top functions by own time printed. The ratios here are a
 guide for profiling; the reported figures come from gpu_overhead.py / gpu_backend_overhead.py
 (one process per configuration).
@@ -12,6 +14,7 @@ guide for profiling; the reported figures come from gpu_overhead.py / gpu_backen
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import json
@@ -149,23 +152,35 @@ def main(argv=None) -> int:
     iters = 100 if args.quick else 400
     rounds = args.rounds or (1 if args.quick else 3)
     prims = _primitives(torch, 2000 if args.quick else 20000)
-    configs = ["plain", "noop-mode", "racecheck"]
+    from racecheck import native
+
+    @contextlib.contextmanager
+    def python_path():
+        was = native.speedups is not None
+        native.use(False)
+        try:
+            with racecheck.session(device="cuda", callbacks=False) as rc:
+                yield rc
+        finally:
+            native.use(was)
+
+    configs = ["plain", "noop-mode", "racecheck"] + (["racecheck-py"] if native.built else [])
     samples: dict = {}
     for _ in range(rounds):
         for config in configs:
             ctx = {"plain": None, "noop-mode": NoopMode,
-                   "racecheck": lambda: racecheck.session(device="cuda", callbacks=False)}[config]
+                   "racecheck": lambda: racecheck.session(device="cuda", callbacks=False),
+                   "racecheck-py": python_path}[config]
             cm = ctx() if ctx else None
-            if cm is not None:
-                cm.__enter__()
+            entered = cm.__enter__() if cm is not None else None
             try:
                 for name, fn in _workloads(torch).items():
                     samples.setdefault((name, config), []).append(_time(fn, iters, torch))
             finally:
                 if cm is not None:
                     cm.__exit__(None, None, None)
-            if config == "racecheck":
-                assert not cm.internal_errors, cm.internal_errors
+            if config.startswith("racecheck"):
+                assert not entered.internal_errors, entered.internal_errors
     profiles = {}
     breakdowns = {}
     for name in ("ops", "decode", "graph"):
@@ -201,14 +216,19 @@ def main(argv=None) -> int:
         print(f"  {k:34s} {v:7.2f}")
     rows = []
     for (name, config), xs in sorted(samples.items()):
-        rows.append({"workload": name, "config": config, "us_per_iter": statistics.median(xs)})
+        rows.append({"workload": name, "config": config, "us_per_iter": statistics.median(xs),
+                     "rounds_us": xs})
     base = {(r["workload"], r["config"]): r["us_per_iter"] for r in rows}
     print(f"{'workload':8s} {'config':20s} {'us/iter':>9s} {'x plain':>8s} {'x noop':>7s}")
     for r in rows:
         w = r["workload"]
         r["x_plain"] = r["us_per_iter"] / base[(w, "plain")]
         r["x_noop"] = r["us_per_iter"] / base[(w, "noop-mode")]
-        print(f"{w:8s} {r['config']:20s} {r['us_per_iter']:9.1f} {r['x_plain']:8.2f} {r['x_noop']:7.2f}")
+        noop_rounds = samples.get((w, "noop-mode"), [])
+        r["x_noop_rounds"] = [a / b for a, b in zip(r["rounds_us"], noop_rounds)]
+        per_round = " ".join(f"{x:.2f}" for x in r["x_noop_rounds"])
+        print(f"{w:8s} {r['config']:20s} {r['us_per_iter']:9.1f} {r['x_plain']:8.2f} {r['x_noop']:7.2f}"
+              f"  [x noop per round: {per_round}]")
     for name, text in profiles.items():
         print(f"\n---- cProfile, racecheck `cuda`, workload {name}, {iters} iterations ----")
         print("\n".join(text.splitlines()[:args.top + 24]))

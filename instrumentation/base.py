@@ -15,6 +15,7 @@ from typing import Callable, Protocol
 
 import torch
 
+from racecheck import native
 from racecheck.trace import Alloc, HostAccess, HostSync, Kernel, RecordStream
 
 from . import stacks
@@ -87,7 +88,11 @@ class Backend(abc.ABC):
         self.sites = SyncSites(drop_sync)         # synchronization sites run (and dropped)
         self.tls = sink.tls
         self.executor = executor if executor is not None else EagerExecutor()
-        self.footprints = FootprintMaker(StorageRegistry(self._on_new_storage, sink.dead))
+        on_new = self._on_new_storage
+        fast = native.speedups
+        if fast is not None and type(self)._on_new_storage is Backend._on_new_storage:
+            on_new = fast.AllocEmitter(sink, sink.tls, self, Alloc)    # the same, in C
+        self.footprints = FootprintMaker(StorageRegistry(on_new, sink.dead))
         self.before_launch = None       # (stream tid, op name) -> None, called before each launch
         self.special_ops: dict = {}
         self._internal_reads = _InternalReads(sink.tls)

@@ -37,7 +37,9 @@ static PyObject *s_block, *s_allocs, *s_recstreams, *s_stale_open, *s_settle_sta
     *s_check_rc005, *s_names, *s_unresolved, *s_liveness, *s_dead, *s_busy, *s_flush_pending,
     *s_numel, *s_is_contiguous, *s_untyped_storage, *s_cdata, *s_element_size,
     *s_storage_offset, *s_is_view, *s_approx, *s_sites, *s_new_are_host, *s_host_of, *s_next,
-    *s_by_cdata, *s_cdata_of, *s_host_sids, *s_nbytes, *s_on_new, *s_is_cpu, *s_get_device;
+    *s_by_cdata, *s_cdata_of, *s_host_sids, *s_nbytes, *s_on_new, *s_is_cpu, *s_get_device,
+    *s_popleft, *s_current_stream_tid, *s_nbytes_attr, *s_emit, *s_shadow_type, *s_readers_of,
+    *s_seen;
 
 static int intern_all(void) {
 #define I(var, text) if (!(var = PyUnicode_InternFromString(text))) return -1
@@ -67,12 +69,17 @@ static int intern_all(void) {
     I(s_new_are_host, "new_are_host"); I(s_host_of, "host_of"); I(s_next, "_next");
     I(s_by_cdata, "_by_cdata"); I(s_cdata_of, "_cdata_of"); I(s_host_sids, "host_sids");
     I(s_nbytes, "nbytes"); I(s_on_new, "_on_new"); I(s_is_cpu, "is_cpu");
-    I(s_get_device, "get_device");
+    I(s_get_device, "get_device"); I(s_popleft, "popleft");
+    I(s_current_stream_tid, "current_stream_tid"); I(s_nbytes_attr, "nbytes"); I(s_emit, "emit");
+    I(s_shadow_type, "_native_shadow_type"); I(s_readers_of, "_readers"); I(s_seen, "seen");
 #undef I
     if (!(one = PyLong_FromLong(1)) || !(empty_tuple = PyTuple_New(0)))
         return -1;
     return 0;
 }
+
+static PyObject *new_event(PyObject *type, PyObject *const *names, PyObject *const *values,
+                           int n);
 
 /* ---- stacks -------------------------------------------------------------------------------- */
 
@@ -472,7 +479,37 @@ static PyObject *shadow_of(PyObject *checker, PyObject *shadows, PyObject *stora
     }
     if (PyErr_Occurred())
         return NULL;
-    return PyObject_CallMethodOneArg(checker, s_new_shadow, storage);
+    /* Checker._new_shadow, made here when the checker says its own is the reference one */
+    PyObject *tp = PyObject_GetAttr(checker, s_shadow_type);
+    if (tp == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return NULL;
+        PyErr_Clear();
+        return PyObject_CallMethodOneArg(checker, s_new_shadow, storage);
+    }
+    PyObject *readers = NULL, *bounds = NULL, *states = NULL;
+    PyObject *all = PyObject_GetAttr(checker, s_readers_of);
+    if (all != NULL && PyDict_Check(all)) {
+        readers = PyDict_GetItemWithError(all, storage);
+        if (readers == NULL && !PyErr_Occurred())
+            readers = Py_None;
+        Py_XINCREF(readers);
+    }
+    Py_XDECREF(all);
+    if (readers != NULL && (bounds = PyList_New(0)) != NULL && (states = PyList_New(0)) != NULL) {
+        PyObject *names[5] = {s_storage, s_bounds, s_states, s_readers, s_seen};
+        PyObject *values[5] = {storage, bounds, states, readers, Py_None};
+        sh = new_event(tp, names, values, 5);
+        if (sh != NULL && PyDict_SetItem(shadows, storage, sh) < 0)
+            Py_CLEAR(sh);
+    }
+    if (sh == NULL && !PyErr_Occurred())
+        PyErr_SetString(PyExc_TypeError, "checker._readers must be a dict");
+    Py_DECREF(tp);
+    Py_XDECREF(readers);
+    Py_XDECREF(bounds);
+    Py_XDECREF(states);
+    return sh;
 }
 
 /* The exact single segment [lo, hi) of a shadow: its index, -1 when there is none, -2 error */
@@ -1540,23 +1577,86 @@ done:
 
 /* ---- the recorder's emit ------------------------------------------------------------------- */
 
-/* Recorder.emit's common case (nothing unresolved, no liveness poll, no storage death to report):
+/* Recorder.emit's common case (nothing unresolved, no liveness poll): report storage deaths,
    append to the queue, hand a full batch to the checker; anything else calls the Python emit. */
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
-    PyObject *recorder, *pending, *slow;
+    PyObject *recorder, *pending, *slow, *dead, *tls, *free_type;
     Py_ssize_t batch;
 } Emitter;
 
 static int em_traverse(Emitter *e, visitproc visit, void *arg) {
-    Py_VISIT(e->recorder); Py_VISIT(e->pending); Py_VISIT(e->slow);
+    Py_VISIT(e->recorder); Py_VISIT(e->pending); Py_VISIT(e->slow); Py_VISIT(e->dead);
+    Py_VISIT(e->tls); Py_VISIT(e->free_type);
     return 0;
 }
 
 static int em_clear(Emitter *e) {
-    Py_CLEAR(e->recorder); Py_CLEAR(e->pending); Py_CLEAR(e->slow);
+    Py_CLEAR(e->recorder); Py_CLEAR(e->pending); Py_CLEAR(e->slow); Py_CLEAR(e->dead);
+    Py_CLEAR(e->tls); Py_CLEAR(e->free_type);
     return 0;
+}
+
+/* The host timeline of the calling thread: tls.tid, else sink.thread_tid() (new reference) */
+static PyObject *thread_of(PyObject *tls, PyObject *sink) {
+    PyObject *t = PyObject_GetAttr(tls, s_tid_attr);
+    if (t == NULL || t != Py_None)
+        return t;
+    Py_DECREF(t);
+    return PyObject_CallMethodNoArgs(sink, s_thread_tid);
+}
+
+/* A new event of a slots class without running __init__: attributes set one by one */
+static PyObject *new_event(PyObject *type, PyObject *const *names, PyObject *const *values,
+                           int n) {
+    PyTypeObject *tp = (PyTypeObject *)type;
+    PyObject *ev = tp->tp_new(tp, empty_tuple, NULL);
+    if (ev == NULL)
+        return NULL;
+    for (int i = 0; i < n; i++) {
+        if (PyObject_SetAttr(ev, names[i], values[i]) < 0) {
+            Py_DECREF(ev);
+            return NULL;
+        }
+    }
+    return ev;
+}
+
+/* Recorder._drain_dead without a liveness poll: a Free for each storage that died */
+static int drain_dead(Emitter *e) {
+    PyObject *thread = thread_of(e->tls, e->recorder);
+    if (thread == NULL)
+        return -1;
+    int rc = 0;
+    while (rc == 0) {
+        Py_ssize_t n = PyObject_Length(e->dead);
+        if (n < 0) {
+            rc = -1;
+            break;
+        }
+        if (n == 0)
+            break;
+        PyObject *item = PyObject_CallMethodNoArgs(e->dead, s_popleft);
+        if (item == NULL || !PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2) {
+            if (item != NULL)
+                PyErr_SetString(PyExc_TypeError, "dead: (sid, stack) pairs");
+            Py_XDECREF(item);
+            rc = -1;
+            break;
+        }
+        PyObject *names[3] = {s_thread, s_block, s_stack};
+        PyObject *values[3] = {thread, PyTuple_GET_ITEM(item, 0), PyTuple_GET_ITEM(item, 1)};
+        PyObject *ev = new_event(e->free_type, names, values, 3);
+        Py_DECREF(item);
+        PyObject *r = ev ? PyObject_CallMethodOneArg(e->pending, s_append, ev) : NULL;
+        Py_XDECREF(ev);
+        if (r == NULL)
+            rc = -1;
+        Py_XDECREF(r);
+    }
+    Py_DECREF(thread);
+    return rc;
 }
 
 static void em_dealloc(Emitter *e) {
@@ -1589,12 +1689,13 @@ static PyObject *em_vectorcall(PyObject *self, PyObject *const *args, size_t nar
         t = lv != Py_None;
         Py_DECREF(lv);
     }
-    if (t == 0)
-        t = attr_true(e->recorder, s_dead);
     if (t < 0)
         return NULL;
     if (t)
         return PyObject_Vectorcall(e->slow, args, 1, NULL);
+    Py_ssize_t nd = PyObject_Length(e->dead);
+    if (nd < 0 || (nd > 0 && drain_dead(e) < 0))
+        return NULL;
     PyObject *r = PyObject_CallMethodOneArg(e->pending, s_append, args[0]);
     if (r == NULL)
         return NULL;
@@ -1617,9 +1718,10 @@ static PyObject *em_vectorcall(PyObject *self, PyObject *const *args, size_t nar
 }
 
 static PyObject *em_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    PyObject *recorder, *pending, *slow;
+    PyObject *recorder, *pending, *slow, *dead, *tls, *free_type;
     Py_ssize_t batch;
-    if (!PyArg_ParseTuple(args, "OOnO:Emitter", &recorder, &pending, &batch, &slow))
+    if (!PyArg_ParseTuple(args, "OOnOOOO!:Emitter", &recorder, &pending, &batch, &slow, &dead,
+                          &tls, &PyType_Type, &free_type))
         return NULL;
     Emitter *e = (Emitter *)type->tp_alloc(type, 0);
     if (e == NULL)
@@ -1627,6 +1729,9 @@ static PyObject *em_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     Py_INCREF(recorder); e->recorder = recorder;
     Py_INCREF(pending); e->pending = pending;
     Py_INCREF(slow); e->slow = slow;
+    Py_INCREF(dead); e->dead = dead;
+    Py_INCREF(tls); e->tls = tls;
+    Py_INCREF(free_type); e->free_type = free_type;
     e->batch = batch;
     e->vectorcall = em_vectorcall;
     return (PyObject *)e;
@@ -1637,13 +1742,94 @@ static PyTypeObject EmitterType = {
     .tp_name = "racecheck._speedups.Emitter",
     .tp_basicsize = sizeof(Emitter),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "Emitter(recorder, pending, batch, slow_emit): Recorder.emit's common case in C",
+    .tp_doc = "Emitter(recorder, pending, batch, slow_emit, dead, tls, Free): Recorder.emit's "
+              "common case in C",
     .tp_new = em_new,
     .tp_dealloc = (destructor)em_dealloc,
     .tp_traverse = (traverseproc)em_traverse,
     .tp_clear = (inquiry)em_clear,
     .tp_call = PyVectorcall_Call,
     .tp_vectorcall_offset = offsetof(Emitter, vectorcall),
+};
+
+/* Backend._on_new_storage: AllocEmitter(sink, tls, backend, Alloc)(sid, nbytes, host) */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *sink, *tls, *backend, *alloc_type;
+} AllocEmitter;
+
+static int ae_traverse(AllocEmitter *a, visitproc visit, void *arg) {
+    Py_VISIT(a->sink); Py_VISIT(a->tls); Py_VISIT(a->backend); Py_VISIT(a->alloc_type);
+    return 0;
+}
+
+static int ae_clear(AllocEmitter *a) {
+    Py_CLEAR(a->sink); Py_CLEAR(a->tls); Py_CLEAR(a->backend); Py_CLEAR(a->alloc_type);
+    return 0;
+}
+
+static void ae_dealloc(AllocEmitter *a) {
+    PyObject_GC_UnTrack(a);
+    ae_clear(a);
+    Py_TYPE(a)->tp_free((PyObject *)a);
+}
+
+static PyObject *ae_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                               PyObject *kwnames) {
+    AllocEmitter *a = (AllocEmitter *)self;
+    if (PyVectorcall_NARGS(nargsf) != 3 || kwnames != NULL) {
+        PyErr_SetString(PyExc_TypeError, "on_new(sid, nbytes, host)");
+        return NULL;
+    }
+    PyObject *thread = thread_of(a->tls, a->sink);
+    if (thread == NULL)
+        return NULL;
+    PyObject *stream = PyObject_CallMethodNoArgs(a->backend, s_current_stream_tid);
+    if (stream == NULL) {
+        Py_DECREF(thread);
+        return NULL;
+    }
+    PyObject *names[6] = {s_thread, s_block, s_stream, s_nbytes_attr, s_host, s_stack};
+    PyObject *values[6] = {thread, args[0], stream, args[1], args[2], empty_tuple};
+    PyObject *ev = new_event(a->alloc_type, names, values, 6);
+    Py_DECREF(thread);
+    Py_DECREF(stream);
+    if (ev == NULL)
+        return NULL;
+    PyObject *r = PyObject_CallMethodOneArg(a->sink, s_emit, ev);
+    Py_DECREF(ev);
+    return r;
+}
+
+static PyObject *ae_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *sink, *tls, *backend, *alloc_type;
+    if (!PyArg_ParseTuple(args, "OOOO!:AllocEmitter", &sink, &tls, &backend, &PyType_Type,
+                          &alloc_type))
+        return NULL;
+    AllocEmitter *a = (AllocEmitter *)type->tp_alloc(type, 0);
+    if (a == NULL)
+        return NULL;
+    Py_INCREF(sink); a->sink = sink;
+    Py_INCREF(tls); a->tls = tls;
+    Py_INCREF(backend); a->backend = backend;
+    Py_INCREF(alloc_type); a->alloc_type = alloc_type;
+    a->vectorcall = ae_vectorcall;
+    return (PyObject *)a;
+}
+
+static PyTypeObject AllocEmitterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "racecheck._speedups.AllocEmitter",
+    .tp_basicsize = sizeof(AllocEmitter),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "AllocEmitter(sink, tls, backend, Alloc): Backend._on_new_storage in C",
+    .tp_new = ae_new,
+    .tp_dealloc = (destructor)ae_dealloc,
+    .tp_traverse = (traverseproc)ae_traverse,
+    .tp_clear = (inquiry)ae_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(AllocEmitter, vectorcall),
 };
 
 /* ---- footprints of whole tensors (instrumentation/footprints.py FootprintMaker.of) --------- */
@@ -2243,7 +2429,8 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     if (intern_all() < 0)
         return NULL;
     if (PyType_Ready(&FastPlanType) < 0 || PyType_Ready(&EmitterType) < 0 ||
-        PyType_Ready(&FootprintsType) < 0 || PyType_Ready(&StreamOfType) < 0)
+        PyType_Ready(&FootprintsType) < 0 || PyType_Ready(&StreamOfType) < 0 ||
+        PyType_Ready(&AllocEmitterType) < 0)
         return NULL;
 #ifdef HAVE_FRAME_API
     if (PyType_Ready(&DeathWatchType) < 0)
@@ -2252,9 +2439,10 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    PyTypeObject *types[4] = {&FastPlanType, &EmitterType, &FootprintsType, &StreamOfType};
-    const char *names[4] = {"FastPlan", "Emitter", "Footprints", "StreamOf"};
-    for (int i = 0; i < 4; i++) {
+    PyTypeObject *types[5] = {&FastPlanType, &EmitterType, &FootprintsType, &StreamOfType,
+                              &AllocEmitterType};
+    const char *names[5] = {"FastPlan", "Emitter", "Footprints", "StreamOf", "AllocEmitter"};
+    for (int i = 0; i < 5; i++) {
         Py_INCREF(types[i]);
         if (PyModule_AddObject(m, names[i], (PyObject *)types[i]) < 0) {
             Py_DECREF(types[i]);

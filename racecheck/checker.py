@@ -348,6 +348,8 @@ class Checker:
         """The hot handlers in C (racecheck/_speedups.c), each where this class's Python one is
         the reference it ports (a subclass's or a test's own handler is kept)."""
         cls = type(self)
+        if cls._new_shadow is _REFERENCE["_new_shadow"]:
+            self._native_shadow_type = StorageShadow
         if cls._on_kernel is _REFERENCE["_on_kernel"]:
             self._handlers[Kernel] = partial(fast.on_kernel, self)
         if cls._read is _REFERENCE["_read"]:
@@ -1428,4 +1430,4 @@ class Checker:
 # the Python handlers racecheck/_speedups.c ports (Checker._use_native)
 _REFERENCE = {name: getattr(Checker, name) for name in ("_on_kernel", "_read", "_write", "process_all",
                                                       "_on_alloc", "_on_free", "_assign_sites",
-                                                      "_replay_ops")}
+                                                      "_replay_ops", "_new_shadow")}

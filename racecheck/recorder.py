@@ -67,7 +67,8 @@ class Recorder:
         fast = native.speedups
         if fast is not None and type(self).emit is Recorder.emit:
             # emit's common case in C; the rest through the method below
-            self.emit = fast.Emitter(self, self._pending, BATCH, Recorder.emit.__get__(self))
+            self.emit = fast.Emitter(self, self._pending, BATCH, Recorder.emit.__get__(self),
+                                     self.dead, self.tls, Free)
 
     def set_namer(self, namer) -> None:
         """`namer(storage, lo, hi) -> str | None`: the program's name for an unnamed tensor."""
