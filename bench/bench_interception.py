@@ -11,9 +11,11 @@ Configurations, measured in interleaved rounds so drift hits all of them alike:
   csan       PyTorch's CUDA Stream Sanitizer decision logic (torch.cuda._sanitizer's own dispatch
              mode and event handler) driven on CPU tensors that claim to be CUDA tensors
 
-Workloads: an in-place add on a 64-element tensor, and a small decode-like step (matmul, add,
-index_select, copy into a buffer), each called from Python stacks of depth 1, 10 and 30 (CSAN's
-cost grows with stack depth; racecheck's stack capture stops after a few user frames).
+Workloads: an in-place add on a 64-element tensor, a small decode-like step (matmul, add,
+index_select, copy into a buffer), and an op that makes a temporary (`t = a * 2`: a new storage
+registered, its Alloc, footprint, shadow and Free), each called from Python stacks of depth 1,
+10 and 30 (CSAN's cost grows with stack depth; racecheck's stack capture stops after a few user
+frames).
 
     python bench/bench_interception.py [--quick] [--json OUT.json]
 """
@@ -111,7 +113,11 @@ def make_workloads(device=None):
         rows = table.index_select(0, idx)
         buf.copy_(y + rows)
 
-    return {"add_": (add_op, 1), "decode-step": (decode_step, 5)}
+    def temporary():
+        t = a * 2           # a new tensor each call, dropped by the next
+        return t
+
+    return {"add_": (add_op, 1), "decode-step": (decode_step, 5), "temporary": (temporary, 1)}
 
 
 def at_depth(depth, fn, n):
