@@ -496,14 +496,19 @@ def _native_plan(fast, icp: Interceptor, oc, func):
     roles = {WRITE: 1, READ_WRITE: 2}
     return fast.FastPlan(
         pinned=icp._pinned_factory if oc.has_pin_memory else None, names=frozenset(oc.arg_names),
-        kernel=icp._kernel, oc=oc, tls=backend.tls, attr=CACHE_ATTR, tok=icp.maker.token, fp=fp,
+        kernel=icp._kernel, oc=oc, tls=backend.tls, fp=fp,
         capture=stacks.capture, stream_fn=icp._op_stream if by_device else backend.current_stream_tid,
         by_device=by_device, backend=backend, call=getattr(func, "_op", func),
         direct=bool(backend.runs_at_issue), execute=backend.execute,
         out_mode=1 if oc.out_roles == (WRITE,) else (2 if WRITE in oc.out_roles else 0),
         outs=outs, sink=icp.sink, emit=icp.sink.emit, kernel_type=Kernel, name=oc.name,
-        tensor=torch.Tensor, need=max((i for i, _ in oc.plain_args), default=-1) + 1,
+        tensor=torch.Tensor, need=_args_needed(oc),
         spec=tuple((i, roles.get(role, 0)) for i, role in oc.plain_args))
+
+
+def _args_needed(oc) -> int:
+    """Positional arguments a fast plan reads (a shorter call takes the generic path)."""
+    return max((i for i, _ in oc.plain_args), default=-1) + 1
 
 
 def _present(*fps) -> tuple:
@@ -531,7 +536,7 @@ def _plan_source(oc, direct: bool, by_device: bool) -> str:
     fs = [f"f{k}" for k in range(len(oc.plain_args))]
     reads = [f for f, (_, role) in zip(fs, oc.plain_args) if role != WRITE]
     writes = [f for f, (_, role) in zip(fs, oc.plain_args) if role in (WRITE, READ_WRITE)]
-    need = max((i for i, _ in oc.plain_args), default=-1) + 1
+    need = _args_needed(oc)
     src = ["def plan(func, args, kwargs):",
            "    if kwargs:",
            "        if pinned is not None and kwargs.get('pin_memory'):",

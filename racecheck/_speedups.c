@@ -1,17 +1,16 @@
 /* racecheck._speedups: the per-op hot path in C.
 
-   Two pieces, each a line-by-line port of a Python function that stays the reference (and the
-   fallback where this module is not built, or RACECHECK_PURE_PYTHON=1):
+   Each function or type here is a port of Python that stays the reference (and the fallback
+   where this module is not built, or RACECHECK_PURE_PYTHON=1); its comment names what it ports:
+   stack capture (instrumentation/stacks.py), the plain-kernel plan (instrumentation/
+   interceptor.py), whole-tensor footprints and storage registration (instrumentation/
+   footprints.py), a device backend's stream lookups (instrumentation/device.py), Alloc emission
+   (instrumentation/base.py), the recorder's emit (racecheck/recorder.py) and the checker's hot
+   handlers (racecheck/checker.py). docs/ARCHITECTURE.md lists them.
 
-   - capture(limit=6, skip=2): instrumentation/stacks.py's capture() and _walk(), sharing their
-     caches (the dicts are handed over by stack_setup);
-   - on_kernel / read / write: racecheck/checker.py's Checker._on_kernel, _read and _write fast
-     paths (one existing segment matching the access exactly, a new storage's first write).
-     Anything else calls back into the checker's Python (_read_span, _write_span, _race, ...),
-     so the rare paths have one implementation.
-
-   Both work on the same Python objects as the Python code (dicts, lists, tuples), so the two
-   implementations can be mixed and compared on one trace. */
+   They work on the same Python objects as the Python code (dicts, lists, tuples) and call back
+   into it for anything rare (a segment split, a race, a new timeline), so the rare paths have
+   one implementation and the two can be mixed and compared on one trace. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <frameobject.h>
@@ -26,7 +25,7 @@
 static PyObject *s_tl, *s_shadow, *s_thread, *s_stream, *s_reads, *s_writes, *s_jh, *s_jv,
     *s_ver, *s_vc, *s_tid, *s_frees, *s_ctx, *s_storage, *s_ranges, *s_born, *s_states,
     *s_bounds, *s_readers, *s_new_host, *s_new_stream, *s_settle_frees, *s_new_shadow,
-    *s_race, *s_check_rc007, *s_read_span, *s_write_span, *s_fresh, *s_append, *one;
+    *s_race, *s_check_rc007, *s_read_span, *s_write_span, *s_fresh, *s_append, *one, *minus_one;
 
 static PyObject *s_handlers, *s_seq, *s_handler_for, *s_pend, *s_flush, *s_unsited,
     *s_assign_sites;
@@ -73,7 +72,8 @@ static int intern_all(void) {
     I(s_current_stream_tid, "current_stream_tid"); I(s_nbytes_attr, "nbytes"); I(s_emit, "emit");
     I(s_shadow_type, "_native_shadow_type"); I(s_readers_of, "_readers"); I(s_seen, "seen");
 #undef I
-    if (!(one = PyLong_FromLong(1)) || !(empty_tuple = PyTuple_New(0)))
+    if (!(one = PyLong_FromLong(1)) || !(minus_one = PyLong_FromLong(-1)) ||
+        !(empty_tuple = PyTuple_New(0)))
         return -1;
     return 0;
 }
@@ -1013,7 +1013,7 @@ enum { ROLE_READ = 0, ROLE_WRITE = 1, ROLE_READ_WRITE = 2 };
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
-    PyObject *pinned, *names, *kernel, *oc, *tls, *attr, *tok, *fp, *capture, *stream_fn,
+    PyObject *pinned, *names, *kernel, *oc, *tls, *fp, *capture, *stream_fn,
         *backend, *call, *execute, *outs, *sink, *emit, *kernel_type, *name, *tensor;
     int by_device, direct, out_mode;
     Py_ssize_t need, nspec;
@@ -1023,7 +1023,7 @@ typedef struct {
 
 static int fp_traverse(FastPlan *p, visitproc visit, void *arg) {
     Py_VISIT(p->pinned); Py_VISIT(p->names); Py_VISIT(p->kernel); Py_VISIT(p->oc);
-    Py_VISIT(p->tls); Py_VISIT(p->attr); Py_VISIT(p->tok); Py_VISIT(p->fp);
+    Py_VISIT(p->tls); Py_VISIT(p->fp);
     Py_VISIT(p->capture); Py_VISIT(p->stream_fn); Py_VISIT(p->backend); Py_VISIT(p->call);
     Py_VISIT(p->execute); Py_VISIT(p->outs); Py_VISIT(p->sink); Py_VISIT(p->emit);
     Py_VISIT(p->kernel_type); Py_VISIT(p->name); Py_VISIT(p->tensor);
@@ -1032,7 +1032,7 @@ static int fp_traverse(FastPlan *p, visitproc visit, void *arg) {
 
 static int fp_clear(FastPlan *p) {
     Py_CLEAR(p->pinned); Py_CLEAR(p->names); Py_CLEAR(p->kernel); Py_CLEAR(p->oc);
-    Py_CLEAR(p->tls); Py_CLEAR(p->attr); Py_CLEAR(p->tok); Py_CLEAR(p->fp);
+    Py_CLEAR(p->tls); Py_CLEAR(p->fp);
     Py_CLEAR(p->capture); Py_CLEAR(p->stream_fn); Py_CLEAR(p->backend); Py_CLEAR(p->call);
     Py_CLEAR(p->execute); Py_CLEAR(p->outs); Py_CLEAR(p->sink); Py_CLEAR(p->emit);
     Py_CLEAR(p->kernel_type); Py_CLEAR(p->name); Py_CLEAR(p->tensor);
@@ -1050,42 +1050,16 @@ static PyObject *fallback(FastPlan *p, PyObject *func, PyObject *a, PyObject *kw
     return PyObject_Vectorcall(p->kernel, args, 4, NULL);
 }
 
-/* The footprint of tensor t from its cache (new reference), else from fp(t); NULL + no error:
-   fall back to the generic path. */
-static PyObject *cached_fp(FastPlan *p, PyObject *t, int *fallback_needed) {
-    PyObject *d = PyObject_GetAttr(t, s_dict);
-    if (d == NULL)
+/* The footprint of tensor t (new reference, through the maker's `of`, which keeps the cache);
+   NULL without an error: fall back to the generic path (an empty or a host tensor). */
+static PyObject *tensor_fp(FastPlan *p, PyObject *t, int *fallback_needed) {
+    PyObject *f = PyObject_CallOneArg(p->fp, t);
+    if (f == NULL)
         return NULL;
-    PyObject *hit = PyDict_Check(d) ? PyDict_GetItemWithError(d, p->attr) : NULL;
-    PyObject *f = NULL;
-    if (hit != NULL && PyTuple_Check(hit) && PyTuple_GET_SIZE(hit) == 3) {
-        int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(hit, 0), p->tok, Py_EQ);
-        if (same > 0) {
-            PyObject *ptr = PyObject_CallMethodNoArgs(t, s_data_ptr);
-            same = ptr ? PyObject_RichCompareBool(PyTuple_GET_ITEM(hit, 1), ptr, Py_EQ) : -1;
-            Py_XDECREF(ptr);
-        }
-        if (same < 0) {
-            Py_DECREF(d);
-            return NULL;
-        }
-        if (same) {
-            f = PyTuple_GET_ITEM(hit, 2);
-            Py_INCREF(f);
-        }
-    }
-    Py_DECREF(d);
-    if (f == NULL) {
-        if (PyErr_Occurred())
-            return NULL;
-        f = PyObject_CallOneArg(p->fp, t);
-        if (f == NULL)
-            return NULL;
-        if (f == Py_None) {
-            Py_DECREF(f);
-            *fallback_needed = 1;
-            return NULL;
-        }
+    if (f == Py_None) {
+        Py_DECREF(f);
+        *fallback_needed = 1;
+        return NULL;
     }
     PyObject *host = PyObject_GetAttr(f, s_host);
     int h = host ? PyObject_IsTrue(host) : -1;
@@ -1101,17 +1075,9 @@ static PyObject *cached_fp(FastPlan *p, PyObject *t, int *fallback_needed) {
 
 static PyObject *make_kernel(FastPlan *p, PyObject *thread, PyObject *stream, PyObject *reads,
                              PyObject *writes, PyObject *stack) {
-    PyTypeObject *tp = (PyTypeObject *)p->kernel_type;
-    PyObject *ev = tp->tp_new(tp, empty_tuple, NULL);
-    if (ev == NULL)
-        return NULL;
-    if (PyObject_SetAttr(ev, s_thread, thread) < 0 || PyObject_SetAttr(ev, s_stream, stream) < 0 ||
-        PyObject_SetAttr(ev, s_reads, reads) < 0 || PyObject_SetAttr(ev, s_writes, writes) < 0 ||
-        PyObject_SetAttr(ev, s_op, p->name) < 0 || PyObject_SetAttr(ev, s_stack, stack) < 0) {
-        Py_DECREF(ev);
-        return NULL;
-    }
-    return ev;
+    PyObject *names[6] = {s_thread, s_stream, s_reads, s_writes, s_op, s_stack};
+    PyObject *values[6] = {thread, stream, reads, writes, p->name, stack};
+    return new_event(p->kernel_type, names, values, 6);
 }
 
 static PyObject *plan_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
@@ -1161,7 +1127,7 @@ static PyObject *plan_vectorcall(PyObject *self, PyObject *const *args, size_t n
             goto done;
         if (is) {
             int fb = 0;
-            fps[k] = cached_fp(p, t, &fb);
+            fps[k] = tensor_fp(p, t, &fb);
             if (fps[k] == NULL) {
                 if (fb) {
                     result = fallback(p, func, a, kw);
@@ -1280,7 +1246,7 @@ done:
 }
 
 static PyObject *plan_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"pinned", "names", "kernel", "oc", "tls", "attr", "tok", "fp",
+    static char *kwlist[] = {"pinned", "names", "kernel", "oc", "tls", "fp",
                              "capture", "stream_fn", "by_device", "backend", "call", "direct",
                              "execute", "out_mode", "outs", "sink", "emit", "kernel_type",
                              "name", "tensor", "need", "spec", NULL};
@@ -1288,21 +1254,21 @@ static PyObject *plan_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     if (p == NULL)
         return NULL;
     PyObject *spec;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!OOOO!OOOOpOOpOiOOOOO!OnO!:FastPlan", kwlist,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!OOOOOOpOOpOiOOOOO!OnO!:FastPlan", kwlist,
                                      &p->pinned, &PyFrozenSet_Type, &p->names, &p->kernel,
-                                     &p->oc, &p->tls, &PyUnicode_Type, &p->attr, &p->tok, &p->fp,
+                                     &p->oc, &p->tls, &p->fp,
                                      &p->capture, &p->stream_fn, &p->by_device, &p->backend,
                                      &p->call, &p->direct, &p->execute, &p->out_mode, &p->outs,
                                      &p->sink, &p->emit, &p->kernel_type, &PyUnicode_Type,
                                      &p->name, &p->tensor, &p->need, &PyTuple_Type, &spec)) {
-        p->pinned = p->names = p->kernel = p->oc = p->tls = p->attr = p->tok = p->fp = NULL;
+        p->pinned = p->names = p->kernel = p->oc = p->tls = p->fp = NULL;
         p->capture = p->stream_fn = p->backend = p->call = p->execute = p->outs = NULL;
         p->sink = p->emit = p->kernel_type = p->name = p->tensor = NULL;
         Py_DECREF(p);
         return NULL;
     }
     Py_INCREF(p->pinned); Py_INCREF(p->names); Py_INCREF(p->kernel); Py_INCREF(p->oc);
-    Py_INCREF(p->tls); Py_INCREF(p->attr); Py_INCREF(p->tok); Py_INCREF(p->fp);
+    Py_INCREF(p->tls); Py_INCREF(p->fp);
     Py_INCREF(p->capture); Py_INCREF(p->stream_fn); Py_INCREF(p->backend); Py_INCREF(p->call);
     Py_INCREF(p->execute); Py_INCREF(p->outs); Py_INCREF(p->sink); Py_INCREF(p->emit);
     Py_INCREF(p->kernel_type); Py_INCREF(p->name); Py_INCREF(p->tensor);
@@ -1333,10 +1299,6 @@ static PyObject *plan_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     return (PyObject *)p;
 }
 
-static PyObject *plan_call(PyObject *self, PyObject *args, PyObject *kwargs) {
-    return PyVectorcall_Call(self, args, kwargs);
-}
-
 static PyTypeObject FastPlanType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "racecheck._speedups.FastPlan",
@@ -1347,7 +1309,7 @@ static PyTypeObject FastPlanType = {
     .tp_dealloc = (destructor)fp_dealloc,
     .tp_traverse = (traverseproc)fp_traverse,
     .tp_clear = (inquiry)fp_clear,
-    .tp_call = plan_call,
+    .tp_call = PyVectorcall_Call,
     .tp_vectorcall_offset = offsetof(FastPlan, vectorcall),
 };
 
@@ -1607,7 +1569,8 @@ static PyObject *thread_of(PyObject *tls, PyObject *sink) {
     return PyObject_CallMethodNoArgs(sink, s_thread_tid);
 }
 
-/* A new event of a slots class without running __init__: attributes set one by one */
+/* A new object of a slots class without running __init__ (events, footprints, shadows):
+   attributes set one by one */
 static PyObject *new_event(PyObject *type, PyObject *const *names, PyObject *const *values,
                            int n) {
     PyTypeObject *tp = (PyTypeObject *)type;
@@ -1878,18 +1841,12 @@ static long long call0_ll(PyObject *obj, PyObject *name, int *err) {
 /* A new Footprint(sid, ((lo, hi),), host, None, born) without running __init__ */
 static PyObject *new_footprint(Footprints *f, PyObject *sid, long long lo, long long hi,
                                PyObject *host, PyObject *born) {
-    PyTypeObject *tp = (PyTypeObject *)f->footprint_type;
     PyObject *ranges = Py_BuildValue("((LL))", lo, hi);
     if (ranges == NULL)
         return NULL;
-    PyObject *fp = tp->tp_new(tp, empty_tuple, NULL);
-    if (fp == NULL || PyObject_SetAttr(fp, s_storage, sid) < 0 ||
-        PyObject_SetAttr(fp, s_ranges, ranges) < 0 || PyObject_SetAttr(fp, s_host, host) < 0 ||
-        PyObject_SetAttr(fp, s_approx, Py_None) < 0 || PyObject_SetAttr(fp, s_born, born) < 0) {
-        Py_XDECREF(fp);
-        Py_DECREF(ranges);
-        return NULL;
-    }
+    PyObject *names[5] = {s_storage, s_ranges, s_host, s_approx, s_born};
+    PyObject *values[5] = {sid, ranges, host, Py_None, born};
+    PyObject *fp = new_event(f->footprint_type, names, values, 5);
     Py_DECREF(ranges);
     return fp;
 }
@@ -2298,11 +2255,7 @@ static PyObject *so_vectorcall(PyObject *self, PyObject *const *args, size_t nar
     }
     PyObject *tid = NULL;
     if (!o->by_args) {
-        PyObject *dev = PyLong_FromLong(-1);
-        if (dev == NULL)
-            return NULL;
-        tid = so_known(o, dev);
-        Py_DECREF(dev);
+        tid = so_known(o, minus_one);       /* the current device */
     } else if (PyTuple_Check(args[0]) && PyTuple_GET_SIZE(args[0]) > 0) {
         PyObject *a = PyTuple_GET_ITEM(args[0], 0);
         int is = PyObject_IsInstance(a, o->tensor);
