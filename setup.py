@@ -20,5 +20,7 @@ for package, folder in FOLDERS.items():
 
 speedups = Extension("racecheck._speedups", ["racecheck/_speedups.c"], optional=True,
                      extra_compile_args=["-O2"])
+engine = Extension("racecheck._engine", ["racecheck/_engine.c"], optional=True,
+                   extra_compile_args=["-O2"])
 
-setup(packages=packages, package_dir=FOLDERS, ext_modules=[speedups])
+setup(packages=packages, package_dir=FOLDERS, ext_modules=[speedups, engine])

@@ -9,6 +9,7 @@ event (the session hands events to the checker in batches).
 from __future__ import annotations
 
 import linecache
+from types import MethodType
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -88,6 +89,16 @@ class Interceptor(TorchDispatchMode):
         self._index_fp = backend.index_footprint
         self._strip_pin = backend.strip_pin_memory
         self._queued = backend.executor.deferred_footprints
+        # Stack capture in a C plan starts this many frames out: past the Python frame of
+        # __torch_dispatch__, unless the entry below is in C (then the program's frame is next).
+        self._plan_skip = 2
+        fast = native.speedups
+        if fast is not None and type(self).__torch_dispatch__ is Interceptor.__torch_dispatch__:
+            entry = fast.Dispatch(sink=self.sink, plans=self._plans, slow=self._dispatch_slow,
+                                  plain=backend.execute_plain,
+                                  set_eval_frame=_GUARD[0] if _GUARD is not None else None)
+            self.__torch_dispatch__ = MethodType(entry, self)
+            self._plan_skip = 1
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         prior = _set_eval_frame(None)
@@ -98,14 +109,20 @@ class Interceptor(TorchDispatchMode):
                 return self.backend.execute_plain(func, args, kwargs)
             plan = self._plans.get(id(func))
             if plan is None:
-                try:
-                    plan = self._plan(func)
-                except Exception as exc:  # a bug in racecheck must never change the program's results
-                    self.sink.internal_error(exc, f"while classifying {func}")
-                    return self.backend.execute_plain(func, args, kwargs)
+                return self._dispatch_slow(func, args, kwargs)
             return plan(func, args, kwargs)
         finally:
             _set_eval_frame(prior)
+
+    def _dispatch_slow(self, func, args, kwargs):
+        """An op seen for the first time: make its plan (kept per overload), then run it. (The C
+        entry, racecheck/_speedups.c's Dispatch, comes here too.)"""
+        try:
+            plan = self._plan(func)
+        except Exception as exc:  # a bug in racecheck must never change the program's results
+            self.sink.internal_error(exc, f"while classifying {func}")
+            return self.backend.execute_plain(func, args, kwargs)
+        return plan(func, args, kwargs)
 
     # -- op planning -------------------------------------------------------------------------
 
@@ -113,7 +130,7 @@ class Interceptor(TorchDispatchMode):
         oc = classify(func)
         plan = self._special_plan(oc)
         if plan is None:        # a kernel; its plan checks pin_memory itself (no wrapper frame)
-            fast = oc.plain_args is not None and not oc.data_dependent and oc.name != "_to_copy"
+            fast = oc.plain_args is not None and not oc.data_dependent
             plan = _fast_kernel(self, oc, func) if fast else _generic_kernel(self, oc)
         elif oc.has_pin_memory:
             plan = self._unless_pinned(plan)
@@ -469,7 +486,7 @@ def _fast_kernel(icp: Interceptor, oc, func):
         return _native_plan(fast, icp, oc, func)
     env = {
         "s": s, "b": backend, "tls": backend.tls, "fp": icp.fp, "tok": icp.maker.token, "attr": CACHE_ATTR,
-        "tensor": torch.Tensor, "oc": oc, "names": oc.arg_names, "name": oc.name,
+        "tensor": torch.Tensor, "oc": oc, "names": _plan_names(oc), "name": oc.name,
         "kernel": icp._kernel, "pinned": icp._pinned_factory if oc.has_pin_memory else None,
         "capture": stacks.capture, "current": backend.current_stream_tid,
         "op_stream": icp._op_stream, "execute": backend.execute, "emit": s.emit,
@@ -495,7 +512,7 @@ def _native_plan(fast, icp: Interceptor, oc, func):
     by_device = icp._op_stream is not None
     roles = {WRITE: 1, READ_WRITE: 2}
     return fast.FastPlan(
-        pinned=icp._pinned_factory if oc.has_pin_memory else None, names=frozenset(oc.arg_names),
+        pinned=icp._pinned_factory if oc.has_pin_memory else None, names=_plan_names(oc),
         kernel=icp._kernel, oc=oc, tls=backend.tls, fp=fp,
         capture=stacks.capture, stream_fn=icp._op_stream if by_device else backend.current_stream_tid,
         by_device=by_device, backend=backend, call=getattr(func, "_op", func),
@@ -503,7 +520,14 @@ def _native_plan(fast, icp: Interceptor, oc, func):
         out_mode=1 if oc.out_roles == (WRITE,) else (2 if WRITE in oc.out_roles else 0),
         outs=outs, sink=icp.sink, emit=icp.sink.emit, kernel_type=Kernel, name=oc.name,
         tensor=torch.Tensor, need=_args_needed(oc),
-        spec=tuple((i, roles.get(role, 0)) for i, role in oc.plain_args))
+        spec=tuple((i, roles.get(role, 0)) for i, role in oc.plain_args), skip=icp._plan_skip)
+
+
+def _plan_names(oc) -> frozenset:
+    """Keyword arguments that send a call to the generic path: a tensor passed by keyword, and
+    for `_to_copy` a device (a transfer that may involve the host and block it; without one the
+    copy stays on its tensor's device, a plain kernel)."""
+    return oc.arg_names | {"device"} if oc.name == "_to_copy" else frozenset(oc.arg_names)
 
 
 def _args_needed(oc) -> int:

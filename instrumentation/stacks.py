@@ -135,22 +135,14 @@ def capture(limit: int = 6, skip: int = 2) -> tuple:
         f = getframe(skip)
     except ValueError:
         return ()
-    out = []
     depth = 0
-    first = None
-    while f is not None:
-        code = f.f_code
-        if not _inside(code):
-            if first is None:
-                first = depth
-            out.append((code, f.f_lasti))
-            if len(out) >= limit:
-                break
+    while f is not None and _inside(f.f_code):
         f = f.f_back
         depth += 1
-    if first is not None:
-        _offsets[key] = first
-    return tuple(out)
+    if f is None:
+        return ()
+    _offsets[key] = depth
+    return _walk(f, limit)
 
 
 def drop_site(limit: int = 4) -> tuple:

@@ -1,19 +1,19 @@
-/* racecheck._speedups: the per-op hot path in C.
+/* racecheck._speedups: the instrumentation's per-op hot path in C.
 
    Each function or type here is a port of Python that stays the reference (and the fallback
    where this module is not built, or RACECHECK_PURE_PYTHON=1); its comment names what it ports:
    stack capture (instrumentation/stacks.py), the plain-kernel plan (instrumentation/
    interceptor.py), whole-tensor footprints and storage registration (instrumentation/
    footprints.py), a device backend's stream lookups (instrumentation/device.py), Alloc emission
-   (instrumentation/base.py), the recorder's emit (racecheck/recorder.py) and the checker's hot
-   handlers (racecheck/checker.py). docs/ARCHITECTURE.md lists them.
+   (instrumentation/base.py) and the recorder's emit (racecheck/recorder.py).
+   docs/ARCHITECTURE.md lists them. (The checker's own C is racecheck/_engine.c.)
 
-   They work on the same Python objects as the Python code (dicts, lists, tuples) and call back
-   into it for anything rare (a segment split, a race, a new timeline), so the rare paths have
-   one implementation and the two can be mixed and compared on one trace. */
+   They work on the same Python objects as the Python code and call back into it for anything
+   rare, so the rare paths have one implementation and the two can be compared on one trace. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <frameobject.h>
+#include <structmember.h>
 #include <stddef.h>
 
 #if PY_VERSION_HEX >= 0x030B0000
@@ -22,64 +22,40 @@
 
 /* ---- interned attribute names ------------------------------------------------------------ */
 
-static PyObject *s_tl, *s_shadow, *s_thread, *s_stream, *s_reads, *s_writes, *s_jh, *s_jv,
-    *s_ver, *s_vc, *s_tid, *s_frees, *s_ctx, *s_storage, *s_ranges, *s_born, *s_states,
-    *s_bounds, *s_readers, *s_new_host, *s_new_stream, *s_settle_frees, *s_new_shadow,
-    *s_race, *s_check_rc007, *s_read_span, *s_write_span, *s_fresh, *s_append, *one, *minus_one;
-
-static PyObject *s_handlers, *s_seq, *s_handler_for, *s_pend, *s_flush, *s_unsited,
-    *s_assign_sites;
-static PyObject *s_capture_attr, *s_tid_attr, *s_before_launch, *s_host, *s_data_ptr,
-    *s_dict, *s_pin_memory, *s_op, *s_stack, *s_thread_tid, *empty_tuple;
-
-static PyObject *s_block, *s_allocs, *s_recstreams, *s_stale_open, *s_settle_stale,
-    *s_check_rc005, *s_names, *s_unresolved, *s_liveness, *s_dead, *s_busy, *s_flush_pending,
-    *s_numel, *s_is_contiguous, *s_untyped_storage, *s_cdata, *s_element_size,
-    *s_storage_offset, *s_is_view, *s_approx, *s_sites, *s_new_are_host, *s_host_of, *s_next,
-    *s_by_cdata, *s_cdata_of, *s_host_sids, *s_nbytes, *s_on_new, *s_is_cpu, *s_get_device,
-    *s_popleft, *s_current_stream_tid, *s_nbytes_attr, *s_emit, *s_shadow_type, *s_readers_of,
-    *s_seen;
+static PyObject *s_checking, *s_thread, *s_stream, *s_reads, *s_writes, *s_storage, *s_ranges, *s_born,
+    *s_append, *s_capture_attr, *s_tid_attr, *s_before_launch, *s_host, *s_data_ptr, *s_dict,
+    *s_pin_memory, *s_op, *s_stack, *s_thread_tid, *s_block, *s_unresolved, *s_liveness, *s_dead,
+    *s_busy, *s_flush_pending, *s_numel, *s_is_contiguous, *s_untyped_storage, *s_cdata,
+    *s_element_size, *s_storage_offset, *s_is_view, *s_approx, *s_new_are_host, *s_host_of,
+    *s_next, *s_by_cdata, *s_cdata_of, *s_host_sids, *s_nbytes, *s_on_new, *s_is_cpu,
+    *s_get_device, *s_popleft, *s_current_stream_tid, *s_nbytes_attr, *s_emit, *one, *minus_one,
+    *empty_tuple;
 
 static int intern_all(void) {
 #define I(var, text) if (!(var = PyUnicode_InternFromString(text))) return -1
-    I(s_tl, "_tl"); I(s_shadow, "_shadow"); I(s_thread, "thread"); I(s_stream, "stream");
-    I(s_reads, "reads"); I(s_writes, "writes"); I(s_jh, "jh"); I(s_jv, "jv"); I(s_ver, "ver");
-    I(s_vc, "vc"); I(s_tid, "tid"); I(s_frees, "frees"); I(s_ctx, "ctx");
-    I(s_storage, "storage"); I(s_ranges, "ranges"); I(s_born, "born"); I(s_states, "states");
-    I(s_bounds, "bounds"); I(s_readers, "readers"); I(s_new_host, "_new_host");
-    I(s_new_stream, "_new_stream"); I(s_settle_frees, "_settle_frees");
-    I(s_new_shadow, "_new_shadow"); I(s_race, "_race"); I(s_check_rc007, "_check_rc007");
-    I(s_read_span, "_read_span"); I(s_write_span, "_write_span"); I(s_fresh, "_fresh_readers");
-    I(s_append, "append");
-    I(s_handlers, "_handlers"); I(s_seq, "_seq"); I(s_handler_for, "_handler_for");
-    I(s_pend, "_pend"); I(s_flush, "_flush"); I(s_unsited, "_unsited");
-    I(s_assign_sites, "_assign_sites"); I(s_capture_attr, "capture"); I(s_tid_attr, "tid");
-    I(s_before_launch, "before_launch"); I(s_host, "host"); I(s_data_ptr, "data_ptr");
-    I(s_dict, "__dict__"); I(s_pin_memory, "pin_memory"); I(s_op, "op"); I(s_stack, "stack");
-    I(s_thread_tid, "thread_tid");
-    I(s_block, "block"); I(s_allocs, "_allocs"); I(s_recstreams, "_recstreams");
-    I(s_stale_open, "_stale_open"); I(s_settle_stale, "_settle_stale_indices");
-    I(s_check_rc005, "_check_rc005"); I(s_names, "_names"); I(s_unresolved, "_unresolved");
+    I(s_checking, "checking");
+    I(s_thread, "thread"); I(s_stream, "stream"); I(s_reads, "reads"); I(s_writes, "writes");
+    I(s_storage, "storage"); I(s_ranges, "ranges"); I(s_born, "born"); I(s_append, "append");
+    I(s_capture_attr, "capture"); I(s_tid_attr, "tid"); I(s_before_launch, "before_launch");
+    I(s_host, "host"); I(s_data_ptr, "data_ptr"); I(s_dict, "__dict__");
+    I(s_pin_memory, "pin_memory"); I(s_op, "op"); I(s_stack, "stack");
+    I(s_thread_tid, "thread_tid"); I(s_block, "block"); I(s_unresolved, "_unresolved");
     I(s_liveness, "_liveness"); I(s_dead, "dead"); I(s_busy, "_busy");
     I(s_flush_pending, "flush_pending"); I(s_numel, "numel"); I(s_is_contiguous, "is_contiguous");
     I(s_untyped_storage, "untyped_storage"); I(s_cdata, "_cdata");
     I(s_element_size, "element_size"); I(s_storage_offset, "storage_offset");
-    I(s_is_view, "_is_view"); I(s_approx, "approx"); I(s_sites, "_sites");
-    I(s_new_are_host, "new_are_host"); I(s_host_of, "host_of"); I(s_next, "_next");
-    I(s_by_cdata, "_by_cdata"); I(s_cdata_of, "_cdata_of"); I(s_host_sids, "host_sids");
-    I(s_nbytes, "nbytes"); I(s_on_new, "_on_new"); I(s_is_cpu, "is_cpu");
-    I(s_get_device, "get_device"); I(s_popleft, "popleft");
-    I(s_current_stream_tid, "current_stream_tid"); I(s_nbytes_attr, "nbytes"); I(s_emit, "emit");
-    I(s_shadow_type, "_native_shadow_type"); I(s_readers_of, "_readers"); I(s_seen, "seen");
+    I(s_is_view, "_is_view"); I(s_approx, "approx"); I(s_new_are_host, "new_are_host");
+    I(s_host_of, "host_of"); I(s_next, "_next"); I(s_by_cdata, "_by_cdata");
+    I(s_cdata_of, "_cdata_of"); I(s_host_sids, "host_sids"); I(s_nbytes, "nbytes");
+    I(s_on_new, "_on_new"); I(s_is_cpu, "is_cpu"); I(s_get_device, "get_device");
+    I(s_popleft, "popleft"); I(s_current_stream_tid, "current_stream_tid");
+    I(s_nbytes_attr, "nbytes"); I(s_emit, "emit");
 #undef I
-    if (!(one = PyLong_FromLong(1)) || !(minus_one = PyLong_FromLong(-1)) ||
-        !(empty_tuple = PyTuple_New(0)))
+    if (!(one = PyLong_FromLong(1)) || !(minus_one = PyLong_FromLong(-1)) || !(empty_tuple = PyTuple_New(0)))
         return -1;
     return 0;
 }
 
-static PyObject *new_event(PyObject *type, PyObject *const *names, PyObject *const *values,
-                           int n);
 
 /* ---- stacks -------------------------------------------------------------------------------- */
 
@@ -367,953 +343,39 @@ static PyObject *capture_impl(Py_ssize_t limit, Py_ssize_t skip) {
             Py_DECREF(f);
         }
     }
+    /* the first user frame from skip on, its distance learned for this caller; the frames
+       from it on go through walk() (and its cache of the stack last seen at that site) */
     PyFrameObject *f = frame_at(skip - 1);
-    if (f == NULL) {
-        Py_DECREF(key);
-        return PyTuple_New(0);
-    }
-    PyObject *out = PyList_New(0);
-    Py_ssize_t depth = 0, first = -1;
-    while (out != NULL && f != NULL) {
+    Py_ssize_t depth = 0;
+    while (f != NULL) {
         int in = frame_inside(f);
-        if (in < 0)
-            Py_CLEAR(out);
-        else if (!in) {
-            if (first < 0)
-                first = depth;
-            PyObject *e = frame_entry(f);
-            if (e == NULL || PyList_Append(out, e) < 0)
-                Py_CLEAR(out);
-            Py_XDECREF(e);
-            if (out != NULL && PyList_GET_SIZE(out) >= limit)
-                break;
+        if (in < 0) {
+            Py_DECREF(f);
+            Py_DECREF(key);
+            return NULL;
         }
-        if (out == NULL)
+        if (!in)
             break;
         PyFrameObject *b = PyFrame_GetBack(f);
         Py_DECREF(f);
         f = b;
         depth++;
     }
-    Py_XDECREF(f);
-    PyObject *result = NULL;
-    if (out != NULL) {
-        result = PyList_AsTuple(out);
-        Py_DECREF(out);
-        if (result != NULL && first >= 0) {
-            PyObject *v = PyLong_FromSsize_t(first);
-            if (v == NULL || PyDict_SetItem(st_offsets, key, v) < 0)
-                Py_CLEAR(result);
-            Py_XDECREF(v);
-        }
+    if (f == NULL) {
+        Py_DECREF(key);
+        return PyTuple_New(0);
     }
+    PyObject *v = PyLong_FromSsize_t(depth);
+    int rc = v == NULL ? -1 : PyDict_SetItem(st_offsets, key, v);
+    Py_XDECREF(v);
     Py_DECREF(key);
+    PyObject *result = rc < 0 ? NULL : walk(f, limit);
+    Py_DECREF(f);
     return result;
 }
 #endif /* HAVE_FRAME_API */
 
-/* ---- checker: shadow memory ---------------------------------------------------------------- */
-
-enum { TL, CLOCK, SEQ, EV, SUB, HOST, GRAPH };
-
-/* Is access record `a` unordered with the point whose clock is vc: a[CLOCK] > vc.get(a[TL], 0)?
-   1 / 0 / -1 (error) */
-static int unordered(PyObject *a, PyObject *vc) {
-    PyObject *clock = PyTuple_GET_ITEM(a, CLOCK);
-    PyObject *seen = PyDict_GetItemWithError(vc, PyTuple_GET_ITEM(a, TL));
-    if (seen == NULL) {
-        if (PyErr_Occurred())
-            return -1;
-        long long c = PyLong_AsLongLong(clock);
-        if (c == -1 && PyErr_Occurred())
-            return -1;
-        return c > 0;
-    }
-    return PyObject_RichCompareBool(clock, seen, Py_GT);
-}
-
-static int call_void(PyObject *obj, PyObject *name, PyObject *const *args, size_t n) {
-    PyObject *stack[10];
-    stack[0] = obj;
-    for (size_t i = 0; i < n; i++)
-        stack[i + 1] = args[i];
-    PyObject *r = PyObject_VectorcallMethod(name, stack, (n + 1) | PY_VECTORCALL_ARGUMENTS_OFFSET,
-                                            NULL);
-    if (r == NULL)
-        return -1;
-    Py_DECREF(r);
-    return 0;
-}
-
-/* bisect_left over a list of ints */
-static Py_ssize_t bisect(PyObject *bounds, long long x, int *err) {
-    Py_ssize_t lo = 0, hi = PyList_GET_SIZE(bounds);
-    while (lo < hi) {
-        Py_ssize_t mid = (lo + hi) / 2;
-        long long v = PyLong_AsLongLong(PyList_GET_ITEM(bounds, mid));
-        if (v == -1 && PyErr_Occurred()) {
-            *err = 1;
-            return 0;
-        }
-        if (v < x)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
-static long long item_ll(PyObject *list, Py_ssize_t i, int *err) {
-    long long v = PyLong_AsLongLong(PyList_GET_ITEM(list, i));
-    if (v == -1 && PyErr_Occurred())
-        *err = 1;
-    return v;
-}
-
-/* The shadow of fp's storage (new reference), made by the checker if there is none. */
-static PyObject *shadow_of(PyObject *checker, PyObject *shadows, PyObject *storage) {
-    PyObject *sh = PyDict_GetItemWithError(shadows, storage);
-    if (sh != NULL) {
-        Py_INCREF(sh);
-        return sh;
-    }
-    if (PyErr_Occurred())
-        return NULL;
-    /* Checker._new_shadow, made here when the checker says its own is the reference one */
-    PyObject *tp = PyObject_GetAttr(checker, s_shadow_type);
-    if (tp == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
-            return NULL;
-        PyErr_Clear();
-        return PyObject_CallMethodOneArg(checker, s_new_shadow, storage);
-    }
-    PyObject *readers = NULL, *bounds = NULL, *states = NULL;
-    PyObject *all = PyObject_GetAttr(checker, s_readers_of);
-    if (all != NULL && PyDict_Check(all)) {
-        readers = PyDict_GetItemWithError(all, storage);
-        if (readers == NULL && !PyErr_Occurred())
-            readers = Py_None;
-        Py_XINCREF(readers);
-    }
-    Py_XDECREF(all);
-    if (readers != NULL && (bounds = PyList_New(0)) != NULL && (states = PyList_New(0)) != NULL) {
-        PyObject *names[5] = {s_storage, s_bounds, s_states, s_readers, s_seen};
-        PyObject *values[5] = {storage, bounds, states, readers, Py_None};
-        sh = new_event(tp, names, values, 5);
-        if (sh != NULL && PyDict_SetItem(shadows, storage, sh) < 0)
-            Py_CLEAR(sh);
-    }
-    if (sh == NULL && !PyErr_Occurred())
-        PyErr_SetString(PyExc_TypeError, "checker._readers must be a dict");
-    Py_DECREF(tp);
-    Py_XDECREF(readers);
-    Py_XDECREF(bounds);
-    Py_XDECREF(states);
-    return sh;
-}
-
-/* The exact single segment [lo, hi) of a shadow: its index, -1 when there is none, -2 error */
-static Py_ssize_t exact_segment(PyObject *bounds, long long lo, long long hi) {
-    int err = 0;
-    Py_ssize_t n = PyList_GET_SIZE(bounds);
-    Py_ssize_t i = bisect(bounds, lo, &err);
-    if (err)
-        return -2;
-    if (i + 1 < n) {
-        long long a = item_ll(bounds, i, &err), b = item_ll(bounds, i + 1, &err);
-        if (err)
-            return -2;
-        if (a == lo && b == hi)
-            return i;
-    }
-    return -1;
-}
-
-typedef struct {
-    PyObject *fp, *sh, *lo, *hi;
-} Where;
-
-static int race(PyObject *checker, PyObject *prev, PyObject *rec, int pw, int cw, Where *w) {
-    PyObject *args[8] = {prev, rec, pw ? Py_True : Py_False, cw ? Py_True : Py_False,
-                         w->fp, w->sh, w->lo, w->hi};
-    return call_void(checker, s_race, args, 8);
-}
-
-static int read_range(PyObject *checker, PyObject *rec, PyObject *vc, PyObject *tid,
-                      PyObject *states, PyObject *bounds, Where *at) {
-    long long lo = PyLong_AsLongLong(at->lo), hi = PyLong_AsLongLong(at->hi);
-    if (PyErr_Occurred())
-        return -1;
-    if (lo >= hi)
-        return 0;
-    Py_ssize_t i = exact_segment(bounds, lo, hi);
-    if (i == -2)
-        return -1;
-    if (i >= 0) {
-        PyObject *st = PyList_GET_ITEM(states, i);
-        if (st != Py_None) {
-            Py_INCREF(st);
-            int rc = 0;
-            PyObject *w = PyList_GET_ITEM(st, 0);
-            Py_INCREF(w);
-            if (w != Py_None) {
-                int u = unordered(w, vc);
-                if (u < 0 || (u && race(checker, w, rec, 1, 0, at) < 0))
-                    rc = -1;
-                if (rc == 0 && PyTuple_GET_ITEM(w, GRAPH) != Py_None) {
-                    PyObject *born = PyObject_GetAttr(at->fp, s_born);
-                    if (born == NULL)
-                        rc = -1;
-                    else if (born != Py_None) {
-                        PyObject *args[6] = {w, rec, at->fp, at->sh, at->lo, at->hi};
-                        rc = call_void(checker, s_check_rc007, args, 6);
-                    }
-                    Py_XDECREF(born);
-                }
-            }
-            Py_DECREF(w);
-            if (rc == 0 && PyDict_SetItem(PyList_GET_ITEM(st, 1), tid, rec) < 0)
-                rc = -1;
-            Py_DECREF(st);
-            return rc;
-        }
-    }
-    PyObject *args[6] = {at->fp, at->sh, at->lo, at->hi, rec, vc};
-    return call_void(checker, s_read_span, args, 6);
-}
-
-static int do_read(PyObject *checker, PyObject *shadows, PyObject *fps, PyObject *rec,
-                   PyObject *vc) {
-    PyObject *seq = PySequence_Fast(fps, "footprints");
-    if (seq == NULL)
-        return -1;
-    PyObject *tid = PyTuple_GET_ITEM(rec, TL);
-    int rc = 0;
-    for (Py_ssize_t k = 0; rc == 0 && k < PySequence_Fast_GET_SIZE(seq); k++) {
-        PyObject *fp = PySequence_Fast_GET_ITEM(seq, k);
-        PyObject *storage = PyObject_GetAttr(fp, s_storage);
-        if (storage == NULL) {
-            rc = -1;
-            break;
-        }
-        PyObject *sh = shadow_of(checker, shadows, storage);
-        Py_DECREF(storage);
-        if (sh == NULL) {
-            rc = -1;
-            break;
-        }
-        PyObject *states = PyObject_GetAttr(sh, s_states);
-        PyObject *bounds = PyObject_GetAttr(sh, s_bounds);
-        PyObject *ranges = PyObject_GetAttr(fp, s_ranges);
-        PyObject *rs = ranges ? PySequence_Fast(ranges, "ranges") : NULL;
-        if (states == NULL || bounds == NULL || rs == NULL || !PyList_Check(states) ||
-            !PyList_Check(bounds)) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_TypeError, "shadow states/bounds must be lists");
-            rc = -1;
-        }
-        for (Py_ssize_t r = 0; rc == 0 && r < PySequence_Fast_GET_SIZE(rs); r++) {
-            PyObject *pair = PySequence_Fast_GET_ITEM(rs, r);
-            Where at = {fp, sh, PySequence_GetItem(pair, 0), PySequence_GetItem(pair, 1)};
-            if (at.lo == NULL || at.hi == NULL)
-                rc = -1;
-            else
-                rc = read_range(checker, rec, vc, tid, states, bounds, &at);
-            Py_XDECREF(at.lo);
-            Py_XDECREF(at.hi);
-        }
-        Py_XDECREF(rs);
-        Py_XDECREF(ranges);
-        Py_XDECREF(states);
-        Py_XDECREF(bounds);
-        Py_DECREF(sh);
-    }
-    Py_DECREF(seq);
-    return rc;
-}
-
-static int write_range(PyObject *checker, PyObject *rec, PyObject *vc, PyObject *states,
-                       PyObject *bounds, Where *at) {
-    long long lo = PyLong_AsLongLong(at->lo), hi = PyLong_AsLongLong(at->hi);
-    if (PyErr_Occurred())
-        return -1;
-    if (lo >= hi)
-        return 1;       /* nothing written: no readers' note either */
-    if (PyList_GET_SIZE(bounds) == 0) {       /* a storage's first access (a new temporary) */
-        PyObject *st = Py_BuildValue("[ON]", rec, PyDict_New());
-        if (st == NULL || PyList_Append(bounds, at->lo) < 0 || PyList_Append(bounds, at->hi) < 0 ||
-            PyList_Append(states, st) < 0) {
-            Py_XDECREF(st);
-            return -1;
-        }
-        Py_DECREF(st);
-        return 0;
-    }
-    Py_ssize_t i = exact_segment(bounds, lo, hi);
-    if (i == -2)
-        return -1;
-    if (i >= 0 && PyList_GET_ITEM(states, i) != Py_None) {
-        PyObject *st = PyList_GET_ITEM(states, i);
-        Py_INCREF(st);
-        int rc = 0;
-        PyObject *w = PyList_GET_ITEM(st, 0);
-        Py_INCREF(w);
-        if (w != Py_None) {
-            int u = unordered(w, vc);
-            if (u < 0 || (u && race(checker, w, rec, 1, 1, at) < 0))
-                rc = -1;
-        }
-        Py_DECREF(w);
-        PyObject *readers = PyList_GET_ITEM(st, 1);
-        Py_INCREF(readers);
-        if (rc == 0 && PyDict_GET_SIZE(readers)) {
-            PyObject *vals = PyDict_Values(readers);
-            if (vals == NULL)
-                rc = -1;
-            for (Py_ssize_t k = 0; rc == 0 && k < PyList_GET_SIZE(vals); k++) {
-                PyObject *pr = PyList_GET_ITEM(vals, k);
-                int u = unordered(pr, vc);
-                if (u < 0 || (u && race(checker, pr, rec, 0, 1, at) < 0))
-                    rc = -1;
-            }
-            Py_XDECREF(vals);
-            if (rc == 0)
-                PyDict_Clear(readers);
-        }
-        Py_DECREF(readers);
-        if (rc == 0) {
-            Py_INCREF(rec);
-            if (PyList_SetItem(st, 0, rec) < 0)
-                rc = -1;
-        }
-        Py_DECREF(st);
-        return rc;
-    }
-    PyObject *args[6] = {at->fp, at->sh, at->lo, at->hi, rec, vc};
-    return call_void(checker, s_write_span, args, 6);
-}
-
-static int do_write(PyObject *checker, PyObject *shadows, PyObject *fps, PyObject *rec,
-                    PyObject *vc, PyObject *graph) {
-    PyObject *seq = PySequence_Fast(fps, "footprints");
-    if (seq == NULL)
-        return -1;
-    int rc = 0;
-    for (Py_ssize_t k = 0; rc == 0 && k < PySequence_Fast_GET_SIZE(seq); k++) {
-        PyObject *fp = PySequence_Fast_GET_ITEM(seq, k);
-        PyObject *storage = PyObject_GetAttr(fp, s_storage);
-        if (storage == NULL) {
-            rc = -1;
-            break;
-        }
-        PyObject *sh = shadow_of(checker, shadows, storage);
-        Py_DECREF(storage);
-        if (sh == NULL) {
-            rc = -1;
-            break;
-        }
-        PyObject *states = PyObject_GetAttr(sh, s_states);
-        PyObject *bounds = PyObject_GetAttr(sh, s_bounds);
-        PyObject *rd = PyObject_GetAttr(sh, s_readers);
-        PyObject *ranges = PyObject_GetAttr(fp, s_ranges);
-        PyObject *rs = ranges ? PySequence_Fast(ranges, "ranges") : NULL;
-        int has_rd = rd ? PyObject_IsTrue(rd) : -1;
-        if (states == NULL || bounds == NULL || rs == NULL || has_rd < 0 ||
-            !PyList_Check(states) || !PyList_Check(bounds)) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_TypeError, "shadow states/bounds must be lists");
-            rc = -1;
-        }
-        for (Py_ssize_t r = 0; rc == 0 && r < PySequence_Fast_GET_SIZE(rs); r++) {
-            PyObject *pair = PySequence_Fast_GET_ITEM(rs, r);
-            Where at = {fp, sh, PySequence_GetItem(pair, 0), PySequence_GetItem(pair, 1)};
-            int w = (at.lo == NULL || at.hi == NULL) ? -1
-                    : write_range(checker, rec, vc, states, bounds, &at);
-            if (w < 0)
-                rc = -1;
-            else if (w == 0 && has_rd) {
-                PyObject *args[4] = {rd, at.lo, at.hi, graph};
-                rc = call_void(checker, s_fresh, args, 4);
-            }
-            Py_XDECREF(at.lo);
-            Py_XDECREF(at.hi);
-        }
-        Py_XDECREF(rs);
-        Py_XDECREF(ranges);
-        Py_XDECREF(rd);
-        Py_XDECREF(states);
-        Py_XDECREF(bounds);
-        Py_DECREF(sh);
-    }
-    Py_DECREF(seq);
-    return rc;
-}
-
-static PyObject *c_read(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4 || !PyTuple_Check(args[2]) || !PyDict_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError, "read(checker, fps, rec, vc)");
-        return NULL;
-    }
-    PyObject *shadows = PyObject_GetAttr(args[0], s_shadow);
-    if (shadows == NULL)
-        return NULL;
-    int rc = do_read(args[0], shadows, args[1], args[2], args[3]);
-    Py_DECREF(shadows);
-    if (rc < 0)
-        return NULL;
-    Py_RETURN_NONE;
-}
-
-static PyObject *c_write(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5 || !PyTuple_Check(args[2]) || !PyDict_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError, "write(checker, fps, rec, vc, graph)");
-        return NULL;
-    }
-    PyObject *shadows = PyObject_GetAttr(args[0], s_shadow);
-    if (shadows == NULL)
-        return NULL;
-    int rc = do_write(args[0], shadows, args[1], args[2], args[3], args[4]);
-    Py_DECREF(shadows);
-    if (rc < 0)
-        return NULL;
-    Py_RETURN_NONE;
-}
-
-/* clocks.join(dst, src): pointwise max in place */
-static int join(PyObject *dst, PyObject *src) {
-    Py_ssize_t pos = 0;
-    PyObject *k, *v;
-    while (PyDict_Next(src, &pos, &k, &v)) {
-        PyObject *d = PyDict_GetItemWithError(dst, k);
-        int gt;
-        if (d == NULL) {
-            if (PyErr_Occurred())
-                return -1;
-            long long c = PyLong_AsLongLong(v);
-            if (c == -1 && PyErr_Occurred())
-                return -1;
-            gt = c > 0;
-        } else {
-            gt = PyObject_RichCompareBool(v, d, Py_GT);
-            if (gt < 0)
-                return -1;
-        }
-        if (gt && PyDict_SetItem(dst, k, v) < 0)
-            return -1;
-    }
-    return 0;
-}
-
-/* The timeline of `tid` in tls (new reference), made by `maker` when it is new. */
-static PyObject *timeline(PyObject *checker, PyObject *tls, PyObject *tid, PyObject *maker) {
-    PyObject *t = PyDict_GetItemWithError(tls, tid);
-    if (t != NULL) {
-        Py_INCREF(t);
-        return t;
-    }
-    if (PyErr_Occurred())
-        return NULL;
-    return PyObject_CallMethodOneArg(checker, maker, tid);
-}
-
-/* Checker._on_kernel */
-static PyObject *c_on_kernel(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "on_kernel(checker, ev, seq)");
-        return NULL;
-    }
-    PyObject *checker = args[0], *ev = args[1], *seq = args[2];
-    PyObject *tls = NULL, *thread = NULL, *stream = NULL, *h = NULL, *s = NULL, *jh = NULL,
-             *jv = NULL, *ver = NULL, *vc = NULL, *tid = NULL, *c = NULL, *frees = NULL,
-             *rec = NULL, *ctx = NULL, *fps = NULL, *shadows = NULL;
-    PyObject *result = NULL;
-    if (!(tls = PyObject_GetAttr(checker, s_tl)) || !(thread = PyObject_GetAttr(ev, s_thread)) ||
-        !(stream = PyObject_GetAttr(ev, s_stream)))
-        goto done;
-    if (!(h = timeline(checker, tls, thread, s_new_host)) ||
-        !(s = timeline(checker, tls, stream, s_new_stream)))
-        goto done;
-    if (!(jh = PyObject_GetAttr(s, s_jh)) || !(jv = PyObject_GetAttr(s, s_jv)) ||
-        !(ver = PyObject_GetAttr(h, s_ver)))
-        goto done;
-    int same = jh == h ? PyObject_RichCompareBool(jv, ver, Py_EQ) : 0;
-    if (same < 0)
-        goto done;
-    if (!(vc = PyObject_GetAttr(s, s_vc)) || !PyDict_Check(vc))
-        goto done;
-    if (!same) {
-        PyObject *hvc = PyObject_GetAttr(h, s_vc);
-        if (hvc == NULL)
-            goto done;
-        int rc = PyDict_Check(hvc) ? join(vc, hvc) : -1;
-        Py_DECREF(hvc);
-        if (rc < 0 || PyObject_SetAttr(s, s_jh, h) < 0 || PyObject_SetAttr(s, s_jv, ver) < 0)
-            goto done;
-    }
-    if (!(tid = PyObject_GetAttr(s, s_tid)))
-        goto done;
-    PyObject *old = PyDict_GetItemWithError(vc, tid);
-    if (old == NULL) {
-        if (!PyErr_Occurred())
-            PyErr_SetObject(PyExc_KeyError, tid);
-        goto done;
-    }
-    if (!(c = PyNumber_Add(old, one)) || PyDict_SetItem(vc, tid, c) < 0)
-        goto done;
-    if (!(frees = PyObject_GetAttr(s, s_frees)))
-        goto done;
-    int any = PyObject_IsTrue(frees);
-    if (any < 0)
-        goto done;
-    if (any) {
-        PyObject *a[2] = {s, ev};
-        if (call_void(checker, s_settle_frees, a, 2) < 0)
-            goto done;
-    }
-    if (!(rec = PyTuple_Pack(7, tid, c, seq, ev, Py_None, Py_False, Py_None)))
-        goto done;
-    if (!(ctx = PyObject_GetAttr(s, s_ctx)))
-        goto done;
-    PyObject *r = PyObject_CallMethodOneArg(ctx, s_append, rec);
-    if (r == NULL)
-        goto done;
-    Py_DECREF(r);
-    if (!(shadows = PyObject_GetAttr(checker, s_shadow)))
-        goto done;
-    if (!(fps = PyObject_GetAttr(ev, s_reads)))
-        goto done;
-    any = PyObject_IsTrue(fps);
-    if (any < 0 || (any && do_read(checker, shadows, fps, rec, vc) < 0))
-        goto done;
-    Py_CLEAR(fps);
-    if (!(fps = PyObject_GetAttr(ev, s_writes)))
-        goto done;
-    any = PyObject_IsTrue(fps);
-    if (any < 0 || (any && do_write(checker, shadows, fps, rec, vc, Py_None) < 0))
-        goto done;
-    result = Py_None;
-    Py_INCREF(result);
-done:
-    Py_XDECREF(tls); Py_XDECREF(thread); Py_XDECREF(stream); Py_XDECREF(h); Py_XDECREF(s);
-    Py_XDECREF(jh); Py_XDECREF(jv); Py_XDECREF(ver); Py_XDECREF(vc); Py_XDECREF(tid);
-    Py_XDECREF(c); Py_XDECREF(frees); Py_XDECREF(rec); Py_XDECREF(ctx); Py_XDECREF(fps);
-    Py_XDECREF(shadows);
-    if (result == NULL && !PyErr_Occurred())
-        PyErr_SetString(PyExc_TypeError, "on_kernel: unexpected checker state");
-    return result;
-}
-
-/* Checker.process_all */
-
-/* Checker._assign_sites: unnamed storages are described by the first op that touched them */
-static int assign_sites(PyObject *checker, PyObject *ev) {
-    PyObject *op = PyObject_GetAttr(ev, s_op);
-    PyObject *stack = op ? PyObject_GetAttr(ev, s_stack) : NULL;
-    PyObject *first = stack ? PySequence_GetSlice(stack, 0, 1) : NULL;
-    PyObject *site = first ? PyTuple_Pack(2, op, first) : NULL;
-    PyObject *sites = site ? PyObject_GetAttr(checker, s_sites) : NULL;
-    PyObject *unsited = sites ? PyObject_GetAttr(checker, s_unsited) : NULL;
-    int rc = unsited != NULL && PyList_Check(unsited) ? 0 : -1;
-    for (Py_ssize_t i = 0; rc == 0 && i < PyList_GET_SIZE(unsited); i++)
-        rc = PyObject_SetItem(sites, PyList_GET_ITEM(unsited, i), site);
-    if (rc == 0)
-        rc = PyList_SetSlice(unsited, 0, PyList_GET_SIZE(unsited), NULL);
-    if (rc < 0 && !PyErr_Occurred())
-        PyErr_SetString(PyExc_TypeError, "assign_sites: unexpected checker state");
-    Py_XDECREF(op); Py_XDECREF(stack); Py_XDECREF(first); Py_XDECREF(site); Py_XDECREF(sites);
-    Py_XDECREF(unsited);
-    return rc;
-}
-
-static PyObject *c_process_all(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "process_all(checker, sited_types, events)");
-        return NULL;
-    }
-    PyObject *checker = args[0], *sited = args[1];
-    PyObject *handlers = PyObject_GetAttr(checker, s_handlers);
-    PyObject *seq_obj = handlers ? PyObject_GetAttr(checker, s_seq) : NULL;
-    PyObject *events = seq_obj ? PySequence_Fast(args[2], "events") : NULL;
-    if (events == NULL) {
-        Py_XDECREF(handlers);
-        Py_XDECREF(seq_obj);
-        return NULL;
-    }
-    long long seq = PyLong_AsLongLong(seq_obj);
-    Py_DECREF(seq_obj);
-    int ok = !(seq == -1 && PyErr_Occurred());
-    for (Py_ssize_t k = 0; ok && k < PySequence_Fast_GET_SIZE(events); k++) {
-        PyObject *ev = PySequence_Fast_GET_ITEM(events, k);
-        PyObject *s = PyLong_FromLongLong(seq);
-        seq++;              /* counted even if the handler raises, as in process() */
-        if (s == NULL) {
-            ok = 0;
-            break;
-        }
-        PyObject *h = PyDict_GetItemWithError(handlers, (PyObject *)Py_TYPE(ev));
-        if (h != NULL)
-            Py_INCREF(h);
-        else if (!PyErr_Occurred())
-            h = PyObject_CallMethodOneArg(checker, s_handler_for, ev);
-        if (h == NULL) {
-            Py_DECREF(s);
-            ok = 0;
-            break;
-        }
-        if (h != Py_None) {
-            PyObject *cargs[2] = {ev, s};
-            PyObject *r = PyObject_Vectorcall(h, cargs, 2, NULL);
-            ok = r != NULL;
-            Py_XDECREF(r);
-            PyObject *pend = ok ? PyObject_GetAttr(checker, s_pend) : NULL;
-            int any = pend ? PyObject_IsTrue(pend) : -1;
-            Py_XDECREF(pend);
-            if (ok && (any < 0 || (any && call_void(checker, s_flush, NULL, 0) < 0)))
-                ok = 0;
-            PyObject *uns = ok ? PyObject_GetAttr(checker, s_unsited) : NULL;
-            any = uns ? PyObject_IsTrue(uns) : -1;
-            Py_XDECREF(uns);
-            if (ok && any < 0)
-                ok = 0;
-            if (ok && any) {
-                int is = PyObject_IsInstance(ev, sited);
-                if (is < 0 || (is && assign_sites(checker, ev) < 0))
-                    ok = 0;
-            }
-        }
-        Py_DECREF(h);
-        Py_DECREF(s);
-    }
-    Py_DECREF(events);
-    Py_DECREF(handlers);
-    /* the counter is stored once, also when a handler raised (the recorder reads it to name
-       the failing event) */
-    PyObject *exc_type, *exc_value, *exc_tb;
-    PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
-    PyObject *n = PyLong_FromLongLong(seq);
-    int set = n != NULL && PyObject_SetAttr(checker, s_seq, n) == 0;
-    Py_XDECREF(n);
-    if (exc_type != NULL) {
-        if (!set)
-            PyErr_Clear();
-        PyErr_Restore(exc_type, exc_value, exc_tb);
-        return NULL;
-    }
-    if (!ok || !set)
-        return NULL;
-    Py_INCREF(checker);
-    return checker;
-}
-
-/* ---- the dispatch mode's plan for a plain kernel (instrumentation/interceptor.py) ----------- */
-
-
-enum { ROLE_READ = 0, ROLE_WRITE = 1, ROLE_READ_WRITE = 2 };
-
-typedef struct {
-    PyObject_HEAD
-    vectorcallfunc vectorcall;
-    PyObject *pinned, *names, *kernel, *oc, *tls, *fp, *capture, *stream_fn,
-        *backend, *call, *execute, *outs, *sink, *emit, *kernel_type, *name, *tensor;
-    int by_device, direct, out_mode;
-    Py_ssize_t need, nspec;
-    Py_ssize_t index[16];
-    int role[16];
-} FastPlan;
-
-static int fp_traverse(FastPlan *p, visitproc visit, void *arg) {
-    Py_VISIT(p->pinned); Py_VISIT(p->names); Py_VISIT(p->kernel); Py_VISIT(p->oc);
-    Py_VISIT(p->tls); Py_VISIT(p->fp);
-    Py_VISIT(p->capture); Py_VISIT(p->stream_fn); Py_VISIT(p->backend); Py_VISIT(p->call);
-    Py_VISIT(p->execute); Py_VISIT(p->outs); Py_VISIT(p->sink); Py_VISIT(p->emit);
-    Py_VISIT(p->kernel_type); Py_VISIT(p->name); Py_VISIT(p->tensor);
-    return 0;
-}
-
-static int fp_clear(FastPlan *p) {
-    Py_CLEAR(p->pinned); Py_CLEAR(p->names); Py_CLEAR(p->kernel); Py_CLEAR(p->oc);
-    Py_CLEAR(p->tls); Py_CLEAR(p->fp);
-    Py_CLEAR(p->capture); Py_CLEAR(p->stream_fn); Py_CLEAR(p->backend); Py_CLEAR(p->call);
-    Py_CLEAR(p->execute); Py_CLEAR(p->outs); Py_CLEAR(p->sink); Py_CLEAR(p->emit);
-    Py_CLEAR(p->kernel_type); Py_CLEAR(p->name); Py_CLEAR(p->tensor);
-    return 0;
-}
-
-static void fp_dealloc(FastPlan *p) {
-    PyObject_GC_UnTrack(p);
-    fp_clear(p);
-    Py_TYPE(p)->tp_free((PyObject *)p);
-}
-
-static PyObject *fallback(FastPlan *p, PyObject *func, PyObject *a, PyObject *kw) {
-    PyObject *args[4] = {func, a, kw, p->oc};
-    return PyObject_Vectorcall(p->kernel, args, 4, NULL);
-}
-
-/* The footprint of tensor t (new reference, through the maker's `of`, which keeps the cache);
-   NULL without an error: fall back to the generic path (an empty or a host tensor). */
-static PyObject *tensor_fp(FastPlan *p, PyObject *t, int *fallback_needed) {
-    PyObject *f = PyObject_CallOneArg(p->fp, t);
-    if (f == NULL)
-        return NULL;
-    if (f == Py_None) {
-        Py_DECREF(f);
-        *fallback_needed = 1;
-        return NULL;
-    }
-    PyObject *host = PyObject_GetAttr(f, s_host);
-    int h = host ? PyObject_IsTrue(host) : -1;
-    Py_XDECREF(host);
-    if (h != 0) {
-        Py_DECREF(f);
-        if (h > 0)
-            *fallback_needed = 1;
-        return NULL;
-    }
-    return f;
-}
-
-static PyObject *make_kernel(FastPlan *p, PyObject *thread, PyObject *stream, PyObject *reads,
-                             PyObject *writes, PyObject *stack) {
-    PyObject *names[6] = {s_thread, s_stream, s_reads, s_writes, s_op, s_stack};
-    PyObject *values[6] = {thread, stream, reads, writes, p->name, stack};
-    return new_event(p->kernel_type, names, values, 6);
-}
-
-static PyObject *plan_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
-                                 PyObject *kwnames) {
-    FastPlan *p = (FastPlan *)self;
-    if (PyVectorcall_NARGS(nargsf) != 3 || kwnames != NULL || !PyTuple_Check(args[1]) ||
-        !PyDict_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "plan(func, args, kwargs)");
-        return NULL;
-    }
-    PyObject *func = args[0], *a = args[1], *kw = args[2];
-    if (PyDict_GET_SIZE(kw)) {
-        if (p->pinned != Py_None) {
-            PyObject *pin = PyDict_GetItemWithError(kw, s_pin_memory);
-            int t = pin ? PyObject_IsTrue(pin) : (PyErr_Occurred() ? -1 : 0);
-            if (t < 0)
-                return NULL;
-            if (t) {
-                PyObject *pargs[3] = {func, a, kw};
-                return PyObject_Vectorcall(p->pinned, pargs, 3, NULL);
-            }
-        }
-        Py_ssize_t pos = 0;
-        PyObject *k, *v;
-        while (PyDict_Next(kw, &pos, &k, &v)) {
-            int in = PySet_Contains(p->names, k);
-            if (in < 0)
-                return NULL;
-            if (in)
-                return fallback(p, func, a, kw);
-        }
-    }
-    PyObject *cap = PyObject_GetAttr(p->tls, s_capture_attr);
-    if (cap == NULL)
-        return NULL;
-    Py_DECREF(cap);
-    if (cap != Py_None || PyTuple_GET_SIZE(a) < p->need)
-        return fallback(p, func, a, kw);
-    PyObject *fps[16] = {NULL};
-    PyObject *stack = NULL, *stream = NULL, *out = NULL, *reads = NULL, *writes = NULL,
-             *thread = NULL, *ev = NULL, *result = NULL;
-    Py_ssize_t nr = 0, nw = 0;
-    for (Py_ssize_t k = 0; k < p->nspec; k++) {
-        PyObject *t = PyTuple_GET_ITEM(a, p->index[k]);
-        int is = PyObject_IsInstance(t, p->tensor);
-        if (is < 0)
-            goto done;
-        if (is) {
-            int fb = 0;
-            fps[k] = tensor_fp(p, t, &fb);
-            if (fps[k] == NULL) {
-                if (fb) {
-                    result = fallback(p, func, a, kw);
-                }
-                goto done;
-            }
-            if (p->role[k] != ROLE_WRITE)
-                nr++;
-            if (p->role[k] != ROLE_READ)
-                nw++;
-        }
-    }
-    if (!(stack = PyObject_CallNoArgs(p->capture)))
-        goto done;
-    if (p->by_device) {
-        PyObject *sargs[2] = {a, kw};
-        stream = PyObject_Vectorcall(p->stream_fn, sargs, 2, NULL);
-    } else {
-        stream = PyObject_CallNoArgs(p->stream_fn);
-    }
-    if (stream == NULL)
-        goto done;
-    PyObject *hook = PyObject_GetAttr(p->backend, s_before_launch);
-    if (hook == NULL)
-        goto done;
-    if (hook != Py_None) {
-        PyObject *hargs[2] = {stream, p->name};
-        PyObject *r = PyObject_Vectorcall(hook, hargs, 2, NULL);
-        Py_DECREF(hook);
-        if (r == NULL)
-            goto done;
-        Py_DECREF(r);
-    } else {
-        Py_DECREF(hook);
-    }
-    if (p->direct) {
-        out = PyObject_Call(p->call, a, PyDict_GET_SIZE(kw) ? kw : NULL);
-    } else {
-        PyObject *eargs[4] = {stream, func, a, kw};
-        out = PyObject_Vectorcall(p->execute, eargs, 4, NULL);
-    }
-    if (out == NULL)
-        goto done;
-    PyObject *extra = NULL;
-    if (p->out_mode == 1 && PyObject_IsInstance(out, p->tensor) == 1) {
-        PyObject *f = PyObject_CallOneArg(p->fp, out);
-        if (f == NULL)
-            goto done;
-        if (f == Py_None)
-            Py_DECREF(f);
-        else {
-            extra = PyTuple_Pack(1, f);
-            Py_DECREF(f);
-            if (extra == NULL)
-                goto done;
-        }
-    } else if (p->out_mode != 0) {
-        if (PyErr_Occurred())
-            goto done;
-        extra = PyObject_CallOneArg(p->outs, out);
-        if (extra == NULL)
-            goto done;
-        if (!PyTuple_Check(extra)) {
-            PyErr_SetString(PyExc_TypeError, "plan outs() must return a tuple");
-            Py_DECREF(extra);
-            goto done;
-        }
-    }
-    Py_ssize_t ne = extra ? PyTuple_GET_SIZE(extra) : 0;
-    reads = PyTuple_New(nr);
-    writes = PyTuple_New(nw + ne);
-    if (reads == NULL || writes == NULL) {
-        Py_XDECREF(extra);
-        goto done;
-    }
-    Py_ssize_t ir = 0, iw = 0;
-    for (Py_ssize_t k = 0; k < p->nspec; k++) {
-        if (fps[k] == NULL)
-            continue;
-        if (p->role[k] != ROLE_WRITE) {
-            Py_INCREF(fps[k]);
-            PyTuple_SET_ITEM(reads, ir++, fps[k]);
-        }
-        if (p->role[k] != ROLE_READ) {
-            Py_INCREF(fps[k]);
-            PyTuple_SET_ITEM(writes, iw++, fps[k]);
-        }
-    }
-    for (Py_ssize_t k = 0; k < ne; k++) {
-        PyObject *f = PyTuple_GET_ITEM(extra, k);
-        Py_INCREF(f);
-        PyTuple_SET_ITEM(writes, iw++, f);
-    }
-    Py_XDECREF(extra);
-    if (!(thread = PyObject_GetAttr(p->tls, s_tid_attr)))
-        goto done;
-    if (thread == Py_None) {
-        Py_DECREF(thread);
-        if (!(thread = PyObject_CallMethodNoArgs(p->sink, s_thread_tid)))
-            goto done;
-    }
-    if (!(ev = make_kernel(p, thread, stream, reads, writes, stack)))
-        goto done;
-    PyObject *r = PyObject_CallOneArg(p->emit, ev);
-    if (r == NULL)
-        goto done;
-    Py_DECREF(r);
-    result = out;
-    out = NULL;
-done:
-    for (Py_ssize_t k = 0; k < p->nspec; k++)
-        Py_XDECREF(fps[k]);
-    Py_XDECREF(stack); Py_XDECREF(stream); Py_XDECREF(out); Py_XDECREF(reads);
-    Py_XDECREF(writes); Py_XDECREF(thread); Py_XDECREF(ev);
-    return result;
-}
-
-static PyObject *plan_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"pinned", "names", "kernel", "oc", "tls", "fp",
-                             "capture", "stream_fn", "by_device", "backend", "call", "direct",
-                             "execute", "out_mode", "outs", "sink", "emit", "kernel_type",
-                             "name", "tensor", "need", "spec", NULL};
-    FastPlan *p = (FastPlan *)type->tp_alloc(type, 0);
-    if (p == NULL)
-        return NULL;
-    PyObject *spec;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!OOOOOOpOOpOiOOOOO!OnO!:FastPlan", kwlist,
-                                     &p->pinned, &PyFrozenSet_Type, &p->names, &p->kernel,
-                                     &p->oc, &p->tls, &p->fp,
-                                     &p->capture, &p->stream_fn, &p->by_device, &p->backend,
-                                     &p->call, &p->direct, &p->execute, &p->out_mode, &p->outs,
-                                     &p->sink, &p->emit, &p->kernel_type, &PyUnicode_Type,
-                                     &p->name, &p->tensor, &p->need, &PyTuple_Type, &spec)) {
-        p->pinned = p->names = p->kernel = p->oc = p->tls = p->fp = NULL;
-        p->capture = p->stream_fn = p->backend = p->call = p->execute = p->outs = NULL;
-        p->sink = p->emit = p->kernel_type = p->name = p->tensor = NULL;
-        Py_DECREF(p);
-        return NULL;
-    }
-    Py_INCREF(p->pinned); Py_INCREF(p->names); Py_INCREF(p->kernel); Py_INCREF(p->oc);
-    Py_INCREF(p->tls); Py_INCREF(p->fp);
-    Py_INCREF(p->capture); Py_INCREF(p->stream_fn); Py_INCREF(p->backend); Py_INCREF(p->call);
-    Py_INCREF(p->execute); Py_INCREF(p->outs); Py_INCREF(p->sink); Py_INCREF(p->emit);
-    Py_INCREF(p->kernel_type); Py_INCREF(p->name); Py_INCREF(p->tensor);
-    if (!PyType_Check(p->kernel_type) || !PyType_Check(p->tensor)) {
-        PyErr_SetString(PyExc_TypeError, "FastPlan: kernel_type and tensor must be types");
-        Py_DECREF(p);
-        return NULL;
-    }
-    p->nspec = PyTuple_GET_SIZE(spec);
-    if (p->nspec > 16) {
-        PyErr_SetString(PyExc_ValueError, "FastPlan: at most 16 tensor arguments");
-        Py_DECREF(p);
-        return NULL;
-    }
-    for (Py_ssize_t k = 0; k < p->nspec; k++) {
-        PyObject *it = PyTuple_GET_ITEM(spec, k);
-        if (!PyArg_ParseTuple(it, "ni", &p->index[k], &p->role[k])) {
-            Py_DECREF(p);
-            return NULL;
-        }
-        if (p->index[k] < 0 || p->index[k] >= p->need) {
-            PyErr_SetString(PyExc_ValueError, "FastPlan: argument index out of range");
-            Py_DECREF(p);
-            return NULL;
-        }
-    }
-    p->vectorcall = plan_vectorcall;
-    return (PyObject *)p;
-}
-
-static PyTypeObject FastPlanType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "racecheck._speedups.FastPlan",
-    .tp_basicsize = sizeof(FastPlan),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "The plan of a plain kernel (interceptor._fast_kernel's source, in C)",
-    .tp_new = plan_new,
-    .tp_dealloc = (destructor)fp_dealloc,
-    .tp_traverse = (traverseproc)fp_traverse,
-    .tp_clear = (inquiry)fp_clear,
-    .tp_call = PyVectorcall_Call,
-    .tp_vectorcall_offset = offsetof(FastPlan, vectorcall),
-};
-
-/* ---- checker: allocator events ------------------------------------------------------------ */
+/* ---- helpers ------------------------------------------------------------------------------ */
 
 /* d.pop(key, None): 1 and a new reference in *out, 0 (absent, *out NULL), -1 error */
 static int dict_pop(PyObject *d, PyObject *key, PyObject **out) {
@@ -1328,213 +390,6 @@ static int dict_pop(PyObject *d, PyObject *key, PyObject **out) {
     }
     *out = v;
     return 1;
-}
-
-/* Checker._on_alloc */
-static PyObject *c_on_alloc(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "on_alloc(checker, ev, seq)");
-        return NULL;
-    }
-    PyObject *checker = args[0], *ev = args[1];
-    PyObject *tls = NULL, *thread = NULL, *stream = NULL, *blk = NULL, *host = NULL,
-             *allocs = NULL, *entry = NULL, *unsited = NULL, *shadows = NULL, *recs = NULL,
-             *result = NULL;
-    if (!(tls = PyObject_GetAttr(checker, s_tl)) || !(thread = PyObject_GetAttr(ev, s_thread)))
-        goto done;
-    int in = PyDict_Contains(tls, thread);
-    if (in < 0)
-        goto done;
-    if (!in) {
-        PyObject *r = PyObject_CallMethodOneArg(checker, s_new_host, thread);
-        if (r == NULL)
-            goto done;
-        Py_DECREF(r);
-    }
-    if (!(stream = PyObject_GetAttr(ev, s_stream)))
-        goto done;
-    if (stream != Py_None) {
-        in = PyDict_Contains(tls, stream);
-        if (in < 0)
-            goto done;
-        if (!in) {
-            PyObject *r = PyObject_CallMethodOneArg(checker, s_new_stream, stream);
-            if (r == NULL)
-                goto done;
-            Py_DECREF(r);
-        }
-    }
-    if (!(blk = PyObject_GetAttr(ev, s_block)) || !(host = PyObject_GetAttr(ev, s_host)))
-        goto done;
-    int h = PyObject_IsTrue(host);
-    if (h < 0 || !(allocs = PyObject_GetAttr(checker, s_allocs)))
-        goto done;
-    if (!(entry = PyTuple_Pack(2, stream, h ? Py_True : Py_False)) ||
-        PyObject_SetItem(allocs, blk, entry) < 0)
-        goto done;
-    if (!(unsited = PyObject_GetAttr(checker, s_unsited)) || !PyList_Check(unsited) ||
-        PyList_Append(unsited, blk) < 0)
-        goto done;
-    if (!(shadows = PyObject_GetAttr(checker, s_shadow)) || !PyDict_Check(shadows))
-        goto done;
-    PyObject *gone = NULL;
-    if (dict_pop(shadows, blk, &gone) < 0)
-        goto done;
-    Py_XDECREF(gone);
-    if (!(recs = PyObject_GetAttr(checker, s_recstreams)) || !PyDict_Check(recs))
-        goto done;
-    if (PyDict_GET_SIZE(recs)) {
-        gone = NULL;
-        if (dict_pop(recs, blk, &gone) < 0)
-            goto done;
-        Py_XDECREF(gone);
-    }
-    result = Py_None;
-    Py_INCREF(result);
-done:
-    Py_XDECREF(tls); Py_XDECREF(thread); Py_XDECREF(stream); Py_XDECREF(blk); Py_XDECREF(host);
-    Py_XDECREF(allocs); Py_XDECREF(entry); Py_XDECREF(unsited); Py_XDECREF(shadows);
-    Py_XDECREF(recs);
-    if (result == NULL && !PyErr_Occurred())
-        PyErr_SetString(PyExc_TypeError, "on_alloc: unexpected checker state");
-    return result;
-}
-
-/* checker._only_on: every access in the shadow was made on timeline tid (1/0/-1) */
-static int only_on(PyObject *sh, PyObject *tid) {
-    PyObject *states = PyObject_GetAttr(sh, s_states);
-    if (states == NULL)
-        return -1;
-    PyObject *seq = PySequence_Fast(states, "states");
-    Py_DECREF(states);
-    if (seq == NULL)
-        return -1;
-    int out = 1;
-    for (Py_ssize_t i = 0; out == 1 && i < PySequence_Fast_GET_SIZE(seq); i++) {
-        PyObject *st = PySequence_Fast_GET_ITEM(seq, i);
-        if (st == Py_None)
-            continue;
-        PyObject *w = PySequence_GetItem(st, 0);
-        PyObject *rd = w ? PySequence_GetItem(st, 1) : NULL;
-        if (rd == NULL) {
-            Py_XDECREF(w);
-            out = -1;
-            break;
-        }
-        if (w != Py_None) {
-            int ne = PyObject_RichCompareBool(PyTuple_GET_ITEM(w, TL), tid, Py_NE);
-            if (ne != 0)
-                out = ne < 0 ? -1 : 0;
-        }
-        if (out == 1 && PyDict_Check(rd)) {
-            Py_ssize_t pos = 0;
-            PyObject *k, *v;
-            while (PyDict_Next(rd, &pos, &k, &v)) {
-                int ne = PyObject_RichCompareBool(k, tid, Py_NE);
-                if (ne != 0) {
-                    out = ne < 0 ? -1 : 0;
-                    break;
-                }
-            }
-        }
-        Py_DECREF(w);
-        Py_DECREF(rd);
-    }
-    Py_DECREF(seq);
-    return out;
-}
-
-/* Checker._on_free: on_free(checker, ctx_free_type, ev, seq) */
-static PyObject *c_on_free(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "on_free(checker, ctx_free_type, ev, seq)");
-        return NULL;
-    }
-    PyObject *checker = args[0], *ctx_free = args[1], *ev = args[2], *seq = args[3];
-    PyObject *tls = NULL, *thread = NULL, *h = NULL, *blk = NULL, *ctx = NULL, *entry = NULL,
-             *allocs = NULL, *stale = NULL, *shadows = NULL, *sh = NULL, *recs = NULL,
-             *rs = NULL, *names = NULL, *pair = NULL, *result = NULL;
-    PyObject *stream = Py_None;
-    int host = 1;
-    if (!(tls = PyObject_GetAttr(checker, s_tl)) || !(thread = PyObject_GetAttr(ev, s_thread)) ||
-        !(h = timeline(checker, tls, thread, s_new_host)) || !(blk = PyObject_GetAttr(ev, s_block)))
-        goto done;
-    if (!(pair = PyTuple_Pack(2, seq, blk)))
-        goto done;
-    PyObject *targs = PyTuple_Pack(1, pair);
-    if (targs == NULL)
-        goto done;
-    entry = PyTuple_Type.tp_new((PyTypeObject *)ctx_free, targs, NULL);
-    Py_DECREF(targs);
-    if (entry == NULL || !(ctx = PyObject_GetAttr(h, s_ctx)))
-        goto done;
-    PyObject *r = PyObject_CallMethodOneArg(ctx, s_append, entry);
-    if (r == NULL)
-        goto done;
-    Py_DECREF(r);
-    Py_CLEAR(entry);
-    if (!(allocs = PyObject_GetAttr(checker, s_allocs)) || !PyDict_Check(allocs))
-        goto done;
-    if (dict_pop(allocs, blk, &entry) < 0)
-        goto done;
-    if (entry != NULL && PyObject_IsTrue(entry)) {
-        stream = PyTuple_GET_ITEM(entry, 0);
-        host = PyObject_IsTrue(PyTuple_GET_ITEM(entry, 1));
-        if (host < 0)
-            goto done;
-    }
-    if (!(stale = PyObject_GetAttr(checker, s_stale_open)))
-        goto done;
-    int any = PyObject_IsTrue(stale);
-    if (any < 0 || (any && call_void(checker, s_settle_stale, &blk, 1) < 0))
-        goto done;
-    if (!(shadows = PyObject_GetAttr(checker, s_shadow)) || !PyDict_Check(shadows) ||
-        dict_pop(shadows, blk, &sh) < 0)
-        goto done;
-    if (!(recs = PyObject_GetAttr(checker, s_recstreams)) || !PyDict_Check(recs))
-        goto done;
-    if (PyDict_GET_SIZE(recs)) {
-        if (dict_pop(recs, blk, &rs) < 0)
-            goto done;
-        if (rs != NULL) {
-            int t = PyObject_IsTrue(rs);
-            if (t < 0)
-                goto done;
-            if (!t)
-                Py_CLEAR(rs);
-        }
-    }
-    if (rs == NULL) {
-        rs = empty_tuple;
-        Py_INCREF(rs);
-    }
-    if (sh != NULL && !host && stream != Py_None) {
-        int only = only_on(sh, stream);
-        if (only < 0)
-            goto done;
-        if (!only) {
-            PyObject *a[7] = {ev, seq, h, blk, stream, sh, rs};
-            if (call_void(checker, s_check_rc005, a, 7) < 0)
-                goto done;
-        }
-    }
-    if (!(names = PyObject_GetAttr(checker, s_names)) || !PyDict_Check(names))
-        goto done;
-    if (PyDict_GET_SIZE(names)) {
-        PyObject *gone = NULL;
-        if (dict_pop(names, blk, &gone) < 0)
-            goto done;
-        Py_XDECREF(gone);
-    }
-    result = Py_None;
-    Py_INCREF(result);
-done:
-    Py_XDECREF(tls); Py_XDECREF(thread); Py_XDECREF(h); Py_XDECREF(blk); Py_XDECREF(ctx);
-    Py_XDECREF(entry); Py_XDECREF(allocs); Py_XDECREF(stale); Py_XDECREF(shadows);
-    Py_XDECREF(sh); Py_XDECREF(recs); Py_XDECREF(rs); Py_XDECREF(names); Py_XDECREF(pair);
-    if (result == NULL && !PyErr_Occurred())
-        PyErr_SetString(PyExc_TypeError, "on_free: unexpected checker state");
-    return result;
 }
 
 /* ---- the recorder's emit ------------------------------------------------------------------- */
@@ -1569,14 +424,56 @@ static PyObject *thread_of(PyObject *tls, PyObject *sink) {
     return PyObject_CallMethodNoArgs(sink, s_thread_tid);
 }
 
-/* A new object of a slots class without running __init__ (events, footprints, shadows):
-   attributes set one by one */
-static PyObject *new_event(PyObject *type, PyObject *const *names, PyObject *const *values,
-                           int n) {
+/* Where a slots class keeps its attributes: offsets read from its member descriptors once. */
+typedef struct {
+    PyTypeObject *type;         /* the class the offsets are for (NULL: not computed yet) */
+    int ok;                     /* every attribute is a plain writable slot */
+    Py_ssize_t off[8];
+} Layout;
+
+static void layout_compute(Layout *L, PyTypeObject *tp, PyObject *const *names, int n) {
+    L->type = tp;
+    L->ok = n <= 8;
+    for (int i = 0; L->ok && i < n; i++) {
+        PyObject *d = PyObject_GetAttr((PyObject *)tp, names[i]);
+        if (d == NULL) {
+            PyErr_Clear();
+            L->ok = 0;
+            break;
+        }
+        if (Py_TYPE(d) == &PyMemberDescr_Type &&
+            ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX &&
+            !(((PyMemberDescrObject *)d)->d_member->flags & READONLY))
+            L->off[i] = ((PyMemberDescrObject *)d)->d_member->offset;
+        else
+            L->ok = 0;
+        Py_DECREF(d);
+    }
+}
+
+#define SLOT(o, off) (*(PyObject **)((char *)(o) + (off)))
+
+/* A new object of a slots class without running __init__ (events, footprints): attributes stored
+   straight into their slots where the class has them (else set one by one). The object holds
+   only immutable data (ids, strings, tuples of footprints, stacks), never itself or a container
+   that could lead back to it, so the cyclic collector is told not to track it. */
+static PyObject *new_event(Layout *L, PyObject *type, PyObject *const *names,
+                           PyObject *const *values, int n) {
     PyTypeObject *tp = (PyTypeObject *)type;
+    if (L->type != tp)
+        layout_compute(L, tp, names, n);
     PyObject *ev = tp->tp_new(tp, empty_tuple, NULL);
     if (ev == NULL)
         return NULL;
+    if (L->ok) {
+        for (int i = 0; i < n; i++) {
+            Py_INCREF(values[i]);
+            Py_XSETREF(SLOT(ev, L->off[i]), values[i]);
+        }
+        if (PyObject_GC_IsTracked(ev))
+            PyObject_GC_UnTrack(ev);
+        return ev;
+    }
     for (int i = 0; i < n; i++) {
         if (PyObject_SetAttr(ev, names[i], values[i]) < 0) {
             Py_DECREF(ev);
@@ -1610,7 +507,8 @@ static int drain_dead(Emitter *e) {
         }
         PyObject *names[3] = {s_thread, s_block, s_stack};
         PyObject *values[3] = {thread, PyTuple_GET_ITEM(item, 0), PyTuple_GET_ITEM(item, 1)};
-        PyObject *ev = new_event(e->free_type, names, values, 3);
+        static Layout L;
+        PyObject *ev = new_event(&L, e->free_type, names, values, 3);
         Py_DECREF(item);
         PyObject *r = ev ? PyObject_CallMethodOneArg(e->pending, s_append, ev) : NULL;
         Py_XDECREF(ev);
@@ -1637,13 +535,8 @@ static int attr_true(PyObject *obj, PyObject *name) {
     return t;
 }
 
-static PyObject *em_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
-                               PyObject *kwnames) {
-    Emitter *e = (Emitter *)self;
-    if (PyVectorcall_NARGS(nargsf) != 1 || kwnames != NULL) {
-        PyErr_SetString(PyExc_TypeError, "emit(event)");
-        return NULL;
-    }
+static PyObject *em_emit(Emitter *e, PyObject *ev) {
+    PyObject *const args[1] = {ev};
     int t = attr_true(e->recorder, s_unresolved);
     if (t == 0) {
         PyObject *lv = PyObject_GetAttr(e->recorder, s_liveness);
@@ -1678,6 +571,15 @@ static PyObject *em_vectorcall(PyObject *self, PyObject *const *args, size_t nar
         }
     }
     Py_RETURN_NONE;
+}
+
+static PyObject *em_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                               PyObject *kwnames) {
+    if (PyVectorcall_NARGS(nargsf) != 1 || kwnames != NULL) {
+        PyErr_SetString(PyExc_TypeError, "emit(event)");
+        return NULL;
+    }
+    return em_emit((Emitter *)self, args[0]);
 }
 
 static PyObject *em_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
@@ -1715,6 +617,10 @@ static PyTypeObject EmitterType = {
     .tp_vectorcall_offset = offsetof(Emitter, vectorcall),
 };
 
+/* The current stream, while a plan that looked it up registers its op's outputs (borrowed;
+   NULL otherwise): the allocation stream of a new output, without asking the backend again. */
+static PyObject *alloc_stream = NULL;
+
 /* Backend._on_new_storage: AllocEmitter(sink, tls, backend, Alloc)(sid, nbytes, host) */
 typedef struct {
     PyObject_HEAD
@@ -1748,14 +654,19 @@ static PyObject *ae_vectorcall(PyObject *self, PyObject *const *args, size_t nar
     PyObject *thread = thread_of(a->tls, a->sink);
     if (thread == NULL)
         return NULL;
-    PyObject *stream = PyObject_CallMethodNoArgs(a->backend, s_current_stream_tid);
+    PyObject *stream = alloc_stream;
+    if (stream != NULL)
+        Py_INCREF(stream);
+    else
+        stream = PyObject_CallMethodNoArgs(a->backend, s_current_stream_tid);
     if (stream == NULL) {
         Py_DECREF(thread);
         return NULL;
     }
     PyObject *names[6] = {s_thread, s_block, s_stream, s_nbytes_attr, s_host, s_stack};
     PyObject *values[6] = {thread, args[0], stream, args[1], args[2], empty_tuple};
-    PyObject *ev = new_event(a->alloc_type, names, values, 6);
+    static Layout L;
+    PyObject *ev = new_event(&L, a->alloc_type, names, values, 6);
     Py_DECREF(thread);
     Py_DECREF(stream);
     if (ev == NULL)
@@ -1846,7 +757,8 @@ static PyObject *new_footprint(Footprints *f, PyObject *sid, long long lo, long 
         return NULL;
     PyObject *names[5] = {s_storage, s_ranges, s_host, s_approx, s_born};
     PyObject *values[5] = {sid, ranges, host, Py_None, born};
-    PyObject *fp = new_event(f->footprint_type, names, values, 5);
+    static Layout L;
+    PyObject *fp = new_event(&L, f->footprint_type, names, values, 5);
     Py_DECREF(ranges);
     return fp;
 }
@@ -1929,14 +841,7 @@ static PyObject *contiguous_fp(Footprints *f, PyObject *t) {
     return fp;
 }
 
-static PyObject *fps_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
-                                PyObject *kwnames) {
-    Footprints *f = (Footprints *)self;
-    if (PyVectorcall_NARGS(nargsf) != 1 || kwnames != NULL) {
-        PyErr_SetString(PyExc_TypeError, "of(tensor)");
-        return NULL;
-    }
-    PyObject *t = args[0];
+static PyObject *fps_of(Footprints *f, PyObject *t) {
     PyObject *d = PyObject_GetAttr(t, s_dict);
     if (d == NULL)
         return NULL;
@@ -1995,6 +900,15 @@ static PyObject *fps_vectorcall(PyObject *self, PyObject *const *args, size_t na
     Py_XDECREF(ptr);
     Py_DECREF(d);
     return fp;
+}
+
+static PyObject *fps_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                                PyObject *kwnames) {
+    if (PyVectorcall_NARGS(nargsf) != 1 || kwnames != NULL) {
+        PyErr_SetString(PyExc_TypeError, "of(tensor)");
+        return NULL;
+    }
+    return fps_of((Footprints *)self, args[0]);
 }
 
 static PyObject *fps_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
@@ -2244,15 +1158,8 @@ static PyObject *so_known(StreamOf *o, PyObject *dev) {
     return tid;
 }
 
-static PyObject *so_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
-                               PyObject *kwnames) {
-    StreamOf *o = (StreamOf *)self;
-    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
-    if (kwnames != NULL || n != (o->by_args ? 2 : 0)) {
-        PyErr_SetString(PyExc_TypeError, o->by_args ? "op_stream_tid(args, kwargs)"
-                                                    : "current_stream_tid()");
-        return NULL;
-    }
+/* the lookup; args is (op args, kwargs) when by_args, else empty */
+static PyObject *so_call(StreamOf *o, PyObject *const *args, Py_ssize_t n) {
     PyObject *tid = NULL;
     if (!o->by_args) {
         tid = so_known(o, minus_one);       /* the current device */
@@ -2277,6 +1184,18 @@ static PyObject *so_vectorcall(PyObject *self, PyObject *const *args, size_t nar
     if (tid != NULL || PyErr_Occurred())
         return tid;
     return PyObject_Vectorcall(o->slow, args, n, NULL);
+}
+
+static PyObject *so_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                               PyObject *kwnames) {
+    StreamOf *o = (StreamOf *)self;
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (kwnames != NULL || n != (o->by_args ? 2 : 0)) {
+        PyErr_SetString(PyExc_TypeError, o->by_args ? "op_stream_tid(args, kwargs)"
+                                                    : "current_stream_tid()");
+        return NULL;
+    }
+    return so_call(o, args, n);
 }
 
 static PyObject *so_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
@@ -2312,42 +1231,563 @@ static PyTypeObject StreamOfType = {
     .tp_vectorcall_offset = offsetof(StreamOf, vectorcall),
 };
 
-/* Checker._on_replay's per-op update: replay_ops(checker, ops, tid, clock, seq, ev, graph, vc) */
-static PyObject *c_replay_ops(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 8 || !PyDict_Check(args[7])) {
-        PyErr_SetString(PyExc_TypeError, "replay_ops(checker, ops, tid, clock, seq, ev, graph, vc)");
-        return NULL;
-    }
-    PyObject *checker = args[0], *tid = args[2], *clock = args[3], *seq = args[4], *ev = args[5],
-             *graph = args[6], *vc = args[7];
-    PyObject *ops = PySequence_Fast(args[1], "ops");
-    PyObject *shadows = ops ? PyObject_GetAttr(checker, s_shadow) : NULL;
-    if (shadows == NULL) {
-        Py_XDECREF(ops);
-        return NULL;
-    }
-    int rc = 0;
-    for (Py_ssize_t k = 0; rc == 0 && k < PySequence_Fast_GET_SIZE(ops); k++) {
-        PyObject *cop = PySequence_Fast_GET_ITEM(ops, k);
-        PyObject *rec = PyTuple_Pack(7, tid, clock, seq, ev, cop, Py_False, graph);
-        PyObject *fps = rec ? PyObject_GetAttr(cop, s_reads) : NULL;
-        int any = fps ? PyObject_IsTrue(fps) : -1;
-        if (any < 0 || (any && do_read(checker, shadows, fps, rec, vc) < 0))
-            rc = -1;
-        Py_XDECREF(fps);
-        fps = rc == 0 ? PyObject_GetAttr(cop, s_writes) : NULL;
-        any = fps ? PyObject_IsTrue(fps) : -1;
-        if (rc == 0 && (any < 0 || (any && do_write(checker, shadows, fps, rec, vc, graph) < 0)))
-            rc = -1;
-        Py_XDECREF(fps);
-        Py_XDECREF(rec);
-    }
-    Py_DECREF(ops);
-    Py_DECREF(shadows);
-    if (rc < 0)
-        return NULL;
-    Py_RETURN_NONE;
+/* ---- the dispatch mode's plan for a plain kernel (instrumentation/interceptor.py) ----------- */
+
+
+enum { ROLE_READ = 0, ROLE_WRITE = 1, ROLE_READ_WRITE = 2 };
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *pinned, *names, *kernel, *oc, *tls, *fp, *capture, *stream_fn,
+        *backend, *call, *execute, *outs, *sink, *emit, *kernel_type, *name, *tensor;
+    int by_device, direct, out_mode, native_capture;
+    Py_ssize_t need, nspec, skip;
+    Py_ssize_t index[16];
+    int role[16];
+} FastPlan;
+
+static int fp_traverse(FastPlan *p, visitproc visit, void *arg) {
+    Py_VISIT(p->pinned); Py_VISIT(p->names); Py_VISIT(p->kernel); Py_VISIT(p->oc);
+    Py_VISIT(p->tls); Py_VISIT(p->fp);
+    Py_VISIT(p->capture); Py_VISIT(p->stream_fn); Py_VISIT(p->backend); Py_VISIT(p->call);
+    Py_VISIT(p->execute); Py_VISIT(p->outs); Py_VISIT(p->sink); Py_VISIT(p->emit);
+    Py_VISIT(p->kernel_type); Py_VISIT(p->name); Py_VISIT(p->tensor);
+    return 0;
 }
+
+static int fp_clear(FastPlan *p) {
+    Py_CLEAR(p->pinned); Py_CLEAR(p->names); Py_CLEAR(p->kernel); Py_CLEAR(p->oc);
+    Py_CLEAR(p->tls); Py_CLEAR(p->fp);
+    Py_CLEAR(p->capture); Py_CLEAR(p->stream_fn); Py_CLEAR(p->backend); Py_CLEAR(p->call);
+    Py_CLEAR(p->execute); Py_CLEAR(p->outs); Py_CLEAR(p->sink); Py_CLEAR(p->emit);
+    Py_CLEAR(p->kernel_type); Py_CLEAR(p->name); Py_CLEAR(p->tensor);
+    return 0;
+}
+
+static void fp_dealloc(FastPlan *p) {
+    PyObject_GC_UnTrack(p);
+    fp_clear(p);
+    Py_TYPE(p)->tp_free((PyObject *)p);
+}
+
+static PyObject *fallback(FastPlan *p, PyObject *func, PyObject *a, PyObject *kw) {
+    PyObject *args[4] = {func, a, kw, p->oc};
+    return PyObject_Vectorcall(p->kernel, args, 4, NULL);
+}
+
+/* f.host of a footprint made by the maker (a plain slot read where the class has it) */
+static int fp_host(PyObject *f) {
+    static Layout L;
+    PyObject *const names[1] = {s_host};
+    if (L.type != Py_TYPE(f))
+        layout_compute(&L, Py_TYPE(f), names, 1);
+    PyObject *host = L.ok ? SLOT(f, L.off[0]) : PyObject_GetAttr(f, s_host);
+    if (host == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_AttributeError, "host");
+        return -1;
+    }
+    int h = host == Py_False ? 0 : host == Py_True ? 1 : PyObject_IsTrue(host);
+    if (!L.ok)
+        Py_DECREF(host);
+    return h;
+}
+
+static inline PyObject *plan_fp(FastPlan *p, PyObject *t) {
+    if (Py_TYPE(p->fp) == &FootprintsType)
+        return fps_of((Footprints *)p->fp, t);
+    return PyObject_CallOneArg(p->fp, t);
+}
+
+/* The footprint of tensor t (new reference, through the maker's `of`, which keeps the cache);
+   NULL without an error: fall back to the generic path (an empty or a host tensor). */
+static PyObject *tensor_fp(FastPlan *p, PyObject *t, int *fallback_needed) {
+    PyObject *f = plan_fp(p, t);
+    if (f == NULL)
+        return NULL;
+    if (f == Py_None) {
+        Py_DECREF(f);
+        *fallback_needed = 1;
+        return NULL;
+    }
+    int h = fp_host(f);
+    if (h != 0) {
+        Py_DECREF(f);
+        if (h > 0)
+            *fallback_needed = 1;
+        return NULL;
+    }
+    return f;
+}
+
+static PyObject *make_kernel(FastPlan *p, PyObject *thread, PyObject *stream, PyObject *reads,
+                             PyObject *writes, PyObject *stack) {
+    PyObject *names[6] = {s_thread, s_stream, s_reads, s_writes, s_op, s_stack};
+    PyObject *values[6] = {thread, stream, reads, writes, p->name, stack};
+    static Layout L;
+    return new_event(&L, p->kernel_type, names, values, 6);
+}
+
+static int is_native_capture(PyObject *fn);
+
+/* The plan: interceptor._plan_source's function, for (func, args tuple, kwargs dict) */
+static PyObject *plan_call(FastPlan *p, PyObject *func, PyObject *a, PyObject *kw) {
+    if (PyDict_GET_SIZE(kw)) {
+        if (p->pinned != Py_None) {
+            PyObject *pin = PyDict_GetItemWithError(kw, s_pin_memory);
+            int t = pin ? PyObject_IsTrue(pin) : (PyErr_Occurred() ? -1 : 0);
+            if (t < 0)
+                return NULL;
+            if (t) {
+                PyObject *pargs[3] = {func, a, kw};
+                return PyObject_Vectorcall(p->pinned, pargs, 3, NULL);
+            }
+        }
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(kw, &pos, &k, &v)) {
+            int in = PySet_Contains(p->names, k);
+            if (in < 0)
+                return NULL;
+            if (in)
+                return fallback(p, func, a, kw);
+        }
+    }
+    PyObject *cap = PyObject_GetAttr(p->tls, s_capture_attr);
+    if (cap == NULL)
+        return NULL;
+    Py_DECREF(cap);
+    if (cap != Py_None || PyTuple_GET_SIZE(a) < p->need)
+        return fallback(p, func, a, kw);
+    PyObject *fps[16] = {NULL};
+    PyObject *stack = NULL, *stream = NULL, *out = NULL, *reads = NULL, *writes = NULL,
+             *thread = NULL, *ev = NULL, *result = NULL;
+    Py_ssize_t nr = 0, nw = 0;
+    for (Py_ssize_t k = 0; k < p->nspec; k++) {
+        PyObject *t = PyTuple_GET_ITEM(a, p->index[k]);
+        if (PyObject_TypeCheck(t, (PyTypeObject *)p->tensor)) {
+            int fb = 0;
+            fps[k] = tensor_fp(p, t, &fb);
+            if (fps[k] == NULL) {
+                if (fb) {
+                    result = fallback(p, func, a, kw);
+                }
+                goto done;
+            }
+            if (p->role[k] != ROLE_WRITE)
+                nr++;
+            if (p->role[k] != ROLE_READ)
+                nw++;
+        }
+    }
+#ifdef HAVE_FRAME_API
+    if (p->native_capture) {
+        if (!(stack = capture_impl(6, p->skip)))
+            goto done;
+    } else
+#endif
+    if (!(stack = PyObject_CallNoArgs(p->capture)))
+        goto done;
+    if (p->by_device) {
+        PyObject *sargs[2] = {a, kw};
+        stream = Py_TYPE(p->stream_fn) == &StreamOfType ? so_call((StreamOf *)p->stream_fn, sargs, 2)
+                                                        : PyObject_Vectorcall(p->stream_fn, sargs, 2, NULL);
+    } else {
+        stream = Py_TYPE(p->stream_fn) == &StreamOfType ? so_call((StreamOf *)p->stream_fn, NULL, 0)
+                                                        : PyObject_CallNoArgs(p->stream_fn);
+    }
+    if (stream == NULL)
+        goto done;
+    PyObject *hook = PyObject_GetAttr(p->backend, s_before_launch);
+    if (hook == NULL)
+        goto done;
+    if (hook != Py_None) {
+        PyObject *hargs[2] = {stream, p->name};
+        PyObject *r = PyObject_Vectorcall(hook, hargs, 2, NULL);
+        Py_DECREF(hook);
+        if (r == NULL)
+            goto done;
+        Py_DECREF(r);
+    } else {
+        Py_DECREF(hook);
+    }
+    if (p->direct) {
+        out = PyObject_Call(p->call, a, PyDict_GET_SIZE(kw) ? kw : NULL);
+    } else {
+        PyObject *eargs[4] = {stream, func, a, kw};
+        out = PyObject_Vectorcall(p->execute, eargs, 4, NULL);
+    }
+    if (out == NULL)
+        goto done;
+    PyObject *extra = NULL;
+    if (p->out_mode == 1 && PyObject_TypeCheck(out, (PyTypeObject *)p->tensor)) {
+        if (!p->by_device)
+            alloc_stream = stream;
+        PyObject *f = plan_fp(p, out);
+        alloc_stream = NULL;
+        if (f == NULL)
+            goto done;
+        if (f == Py_None)
+            Py_DECREF(f);
+        else {
+            extra = PyTuple_Pack(1, f);
+            Py_DECREF(f);
+            if (extra == NULL)
+                goto done;
+        }
+    } else if (p->out_mode != 0) {
+        extra = PyObject_CallOneArg(p->outs, out);
+        if (extra == NULL)
+            goto done;
+        if (!PyTuple_Check(extra)) {
+            PyErr_SetString(PyExc_TypeError, "plan outs() must return a tuple");
+            Py_DECREF(extra);
+            goto done;
+        }
+    }
+    Py_ssize_t ne = extra ? PyTuple_GET_SIZE(extra) : 0;
+    reads = PyTuple_New(nr);
+    writes = PyTuple_New(nw + ne);
+    if (reads == NULL || writes == NULL) {
+        Py_XDECREF(extra);
+        goto done;
+    }
+    Py_ssize_t ir = 0, iw = 0;
+    for (Py_ssize_t k = 0; k < p->nspec; k++) {
+        if (fps[k] == NULL)
+            continue;
+        if (p->role[k] != ROLE_WRITE) {
+            Py_INCREF(fps[k]);
+            PyTuple_SET_ITEM(reads, ir++, fps[k]);
+        }
+        if (p->role[k] != ROLE_READ) {
+            Py_INCREF(fps[k]);
+            PyTuple_SET_ITEM(writes, iw++, fps[k]);
+        }
+    }
+    for (Py_ssize_t k = 0; k < ne; k++) {
+        PyObject *f = PyTuple_GET_ITEM(extra, k);
+        Py_INCREF(f);
+        PyTuple_SET_ITEM(writes, iw++, f);
+    }
+    Py_XDECREF(extra);
+    if (!(thread = PyObject_GetAttr(p->tls, s_tid_attr)))
+        goto done;
+    if (thread == Py_None) {
+        Py_DECREF(thread);
+        if (!(thread = PyObject_CallMethodNoArgs(p->sink, s_thread_tid)))
+            goto done;
+    }
+    if (!(ev = make_kernel(p, thread, stream, reads, writes, stack)))
+        goto done;
+    PyObject *r = Py_TYPE(p->emit) == &EmitterType ? em_emit((Emitter *)p->emit, ev)
+                                                   : PyObject_CallOneArg(p->emit, ev);
+    if (r == NULL)
+        goto done;
+    Py_DECREF(r);
+    result = out;
+    out = NULL;
+done:
+    for (Py_ssize_t k = 0; k < p->nspec; k++)
+        Py_XDECREF(fps[k]);
+    Py_XDECREF(stack); Py_XDECREF(stream); Py_XDECREF(out); Py_XDECREF(reads);
+    Py_XDECREF(writes); Py_XDECREF(thread); Py_XDECREF(ev);
+    return result;
+}
+
+static PyObject *plan_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                                 PyObject *kwnames) {
+    if (PyVectorcall_NARGS(nargsf) != 3 || kwnames != NULL || !PyTuple_Check(args[1]) ||
+        !PyDict_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "plan(func, args, kwargs)");
+        return NULL;
+    }
+    return plan_call((FastPlan *)self, args[0], args[1], args[2]);
+}
+
+static PyObject *plan_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"pinned", "names", "kernel", "oc", "tls", "fp",
+                             "capture", "stream_fn", "by_device", "backend", "call", "direct",
+                             "execute", "out_mode", "outs", "sink", "emit", "kernel_type",
+                             "name", "tensor", "need", "spec", "skip", NULL};
+    FastPlan *p = (FastPlan *)type->tp_alloc(type, 0);
+    if (p == NULL)
+        return NULL;
+    PyObject *spec;
+    p->skip = 2;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!OOOOOOpOOpOiOOOOO!OnO!|n:FastPlan", kwlist,
+                                     &p->pinned, &PyFrozenSet_Type, &p->names, &p->kernel,
+                                     &p->oc, &p->tls, &p->fp,
+                                     &p->capture, &p->stream_fn, &p->by_device, &p->backend,
+                                     &p->call, &p->direct, &p->execute, &p->out_mode, &p->outs,
+                                     &p->sink, &p->emit, &p->kernel_type, &PyUnicode_Type,
+                                     &p->name, &p->tensor, &p->need, &PyTuple_Type, &spec,
+                                     &p->skip)) {
+        p->pinned = p->names = p->kernel = p->oc = p->tls = p->fp = NULL;
+        p->capture = p->stream_fn = p->backend = p->call = p->execute = p->outs = NULL;
+        p->sink = p->emit = p->kernel_type = p->name = p->tensor = NULL;
+        Py_DECREF(p);
+        return NULL;
+    }
+    Py_INCREF(p->pinned); Py_INCREF(p->names); Py_INCREF(p->kernel); Py_INCREF(p->oc);
+    Py_INCREF(p->tls); Py_INCREF(p->fp);
+    Py_INCREF(p->capture); Py_INCREF(p->stream_fn); Py_INCREF(p->backend); Py_INCREF(p->call);
+    Py_INCREF(p->execute); Py_INCREF(p->outs); Py_INCREF(p->sink); Py_INCREF(p->emit);
+    Py_INCREF(p->kernel_type); Py_INCREF(p->name); Py_INCREF(p->tensor);
+    if (!PyType_Check(p->kernel_type) || !PyType_Check(p->tensor)) {
+        PyErr_SetString(PyExc_TypeError, "FastPlan: kernel_type and tensor must be types");
+        Py_DECREF(p);
+        return NULL;
+    }
+    p->nspec = PyTuple_GET_SIZE(spec);
+    if (p->nspec > 16) {
+        PyErr_SetString(PyExc_ValueError, "FastPlan: at most 16 tensor arguments");
+        Py_DECREF(p);
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < p->nspec; k++) {
+        PyObject *it = PyTuple_GET_ITEM(spec, k);
+        if (!PyArg_ParseTuple(it, "ni", &p->index[k], &p->role[k])) {
+            Py_DECREF(p);
+            return NULL;
+        }
+        if (p->index[k] < 0 || p->index[k] >= p->need) {
+            PyErr_SetString(PyExc_ValueError, "FastPlan: argument index out of range");
+            Py_DECREF(p);
+            return NULL;
+        }
+    }
+    p->native_capture = is_native_capture(p->capture);
+    p->vectorcall = plan_vectorcall;
+    return (PyObject *)p;
+}
+
+static PyTypeObject FastPlanType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "racecheck._speedups.FastPlan",
+    .tp_basicsize = sizeof(FastPlan),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "The plan of a plain kernel (interceptor._fast_kernel's source, in C)",
+    .tp_new = plan_new,
+    .tp_dealloc = (destructor)fp_dealloc,
+    .tp_traverse = (traverseproc)fp_traverse,
+    .tp_clear = (inquiry)fp_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(FastPlan, vectorcall),
+};
+
+
+static int is_native_capture(PyObject *fn) {
+#ifdef HAVE_FRAME_API
+    return PyCFunction_Check(fn) &&
+           PyCFunction_GET_FUNCTION(fn) == (PyCFunction)(void (*)(void))capture;
+#else
+    return 0;
+#endif
+}
+
+/* ---- the dispatch mode's entry (instrumentation/interceptor.py Interceptor.__torch_dispatch__) */
+
+/* Bound to the mode as its `__torch_dispatch__` (types.MethodType): torch calls it with (mode,
+   func, types, args, kwargs) and no Python frame runs for an op whose plan is known. Plans are
+   looked up by the OpOverload's address in a table mirroring the interceptor's `_plans` (whose
+   OpOverloads the interceptor keeps alive); an op without one takes the Python slow path, which
+   makes and stores it. */
+typedef struct {
+    PyObject *func;             /* borrowed: the interceptor keeps it alive */
+    PyObject *plan;             /* owned */
+} PlanSlot;
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *sink, *plans, *slow, *plain, *set_eval_frame;
+    PlanSlot *slots;
+    Py_ssize_t cap, n;
+} Dispatch;
+
+static inline Py_ssize_t dp_hash(PyObject *func, Py_ssize_t cap) {
+    return (Py_ssize_t)((((uintptr_t)func) >> 4) * 0x9E3779B97F4A7C15ULL >> 20) & (cap - 1);
+}
+
+static PyObject *dp_find(Dispatch *d, PyObject *func) {
+    if (d->cap == 0)
+        return NULL;
+    for (Py_ssize_t i = dp_hash(func, d->cap);; i = (i + 1) & (d->cap - 1)) {
+        if (d->slots[i].func == func)
+            return d->slots[i].plan;
+        if (d->slots[i].func == NULL)
+            return NULL;
+    }
+}
+
+static int dp_add(Dispatch *d, PyObject *func, PyObject *plan) {
+    if (2 * (d->n + 1) > d->cap) {
+        Py_ssize_t cap = d->cap ? 2 * d->cap : 64;
+        PlanSlot *s = PyMem_Calloc((size_t)cap, sizeof(PlanSlot));
+        if (s == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t k = 0; k < d->cap; k++) {
+            if (d->slots[k].func == NULL)
+                continue;
+            Py_ssize_t i = dp_hash(d->slots[k].func, cap);
+            while (s[i].func != NULL)
+                i = (i + 1) & (cap - 1);
+            s[i] = d->slots[k];
+        }
+        PyMem_Free(d->slots);
+        d->slots = s;
+        d->cap = cap;
+    }
+    Py_ssize_t i = dp_hash(func, d->cap);
+    while (d->slots[i].func != NULL)
+        i = (i + 1) & (d->cap - 1);
+    Py_INCREF(plan);
+    d->slots[i].func = func;
+    d->slots[i].plan = plan;
+    d->n++;
+    return 0;
+}
+
+/* The plan of func (borrowed), from the table or the interceptor's dict; NULL: none yet */
+static PyObject *dp_plan(Dispatch *d, PyObject *func) {
+    PyObject *plan = dp_find(d, func);
+    if (plan != NULL)
+        return plan;
+    PyObject *key = PyLong_FromVoidPtr(func);
+    if (key == NULL)
+        return NULL;
+    plan = PyDict_GetItemWithError(d->plans, key);
+    Py_DECREF(key);
+    if (plan == NULL || dp_add(d, func, plan) < 0)
+        return NULL;
+    return plan;
+}
+
+static PyObject *dp_run(Dispatch *d, PyObject *func, PyObject *a, PyObject *kw) {
+    int checking = attr_true(d->sink, s_checking);
+    if (checking < 0)
+        return NULL;
+    PyObject *cargs[3] = {func, a, kw};
+    if (!checking)
+        return PyObject_Vectorcall(d->plain, cargs, 3, NULL);
+    PyObject *plan = dp_plan(d, func);
+    if (plan == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        return PyObject_Vectorcall(d->slow, cargs, 3, NULL);
+    }
+    if (Py_TYPE(plan) == &FastPlanType)
+        return plan_call((FastPlan *)plan, func, a, kw);
+    return PyObject_Vectorcall(plan, cargs, 3, NULL);
+}
+
+static PyObject *dp_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                               PyObject *kwnames) {
+    Dispatch *d = (Dispatch *)self;
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (n < 4 || n > 5 || kwnames != NULL || !PyTuple_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "__torch_dispatch__(mode, func, types, args, kwargs)");
+        return NULL;
+    }
+    PyObject *func = args[1], *a = args[3], *kw = n > 4 ? args[4] : Py_None;
+    PyObject *own = NULL;
+    if (kw == Py_None) {
+        if (!(own = kw = PyDict_New()))
+            return NULL;
+    } else if (!PyDict_Check(kw)) {
+        PyErr_SetString(PyExc_TypeError, "__torch_dispatch__: kwargs must be a dict");
+        return NULL;
+    }
+    PyObject *prior = NULL;
+    if (d->set_eval_frame != Py_None) {
+        /* Dynamo's frame callback off while racecheck runs (TorchDispatchMode's guarantee) */
+        if (!(prior = PyObject_CallOneArg(d->set_eval_frame, Py_None))) {
+            Py_XDECREF(own);
+            return NULL;
+        }
+    }
+    PyObject *result = dp_run(d, func, a, kw);
+    if (prior != NULL) {
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        PyObject *r = PyObject_CallOneArg(d->set_eval_frame, prior);
+        Py_DECREF(prior);
+        if (r == NULL) {
+            if (et != NULL)
+                PyErr_Clear();
+            else
+                Py_CLEAR(result);
+        }
+        Py_XDECREF(r);
+        if (et != NULL)
+            PyErr_Restore(et, ev, tb);
+    }
+    Py_XDECREF(own);
+    return result;
+}
+
+static int dp_traverse(Dispatch *d, visitproc visit, void *arg) {
+    Py_VISIT(d->sink); Py_VISIT(d->plans); Py_VISIT(d->slow); Py_VISIT(d->plain);
+    Py_VISIT(d->set_eval_frame);
+    for (Py_ssize_t k = 0; k < d->cap; k++)
+        Py_VISIT(d->slots[k].plan);
+    return 0;
+}
+
+static int dp_clear(Dispatch *d) {
+    Py_CLEAR(d->sink); Py_CLEAR(d->plans); Py_CLEAR(d->slow); Py_CLEAR(d->plain);
+    Py_CLEAR(d->set_eval_frame);
+    for (Py_ssize_t k = 0; k < d->cap; k++) {
+        d->slots[k].func = NULL;
+        Py_CLEAR(d->slots[k].plan);
+    }
+    d->n = 0;
+    return 0;
+}
+
+static void dp_dealloc(Dispatch *d) {
+    PyObject_GC_UnTrack(d);
+    dp_clear(d);
+    PyMem_Free(d->slots);
+    Py_TYPE(d)->tp_free((PyObject *)d);
+}
+
+static PyObject *dp_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"sink", "plans", "slow", "plain", "set_eval_frame", NULL};
+    PyObject *sink, *plans, *slow, *plain, *sef;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!OOO:Dispatch", kwlist, &sink, &PyDict_Type,
+                                     &plans, &slow, &plain, &sef))
+        return NULL;
+    Dispatch *d = (Dispatch *)type->tp_alloc(type, 0);
+    if (d == NULL)
+        return NULL;
+    Py_INCREF(sink); d->sink = sink;
+    Py_INCREF(plans); d->plans = plans;
+    Py_INCREF(slow); d->slow = slow;
+    Py_INCREF(plain); d->plain = plain;
+    Py_INCREF(sef); d->set_eval_frame = sef;
+    d->vectorcall = dp_vectorcall;
+    return (PyObject *)d;
+}
+
+static PyTypeObject DispatchType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "racecheck._speedups.Dispatch",
+    .tp_basicsize = sizeof(Dispatch),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "Dispatch(sink, plans, slow, plain, set_eval_frame): Interceptor.__torch_dispatch__ "
+              "in C, bound to the mode with types.MethodType",
+    .tp_new = dp_new,
+    .tp_dealloc = (destructor)dp_dealloc,
+    .tp_traverse = (traverseproc)dp_traverse,
+    .tp_clear = (inquiry)dp_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Dispatch, vectorcall),
+};
 
 static PyMethodDef methods[] = {
 #ifdef HAVE_FRAME_API
@@ -2358,20 +1798,6 @@ static PyMethodDef methods[] = {
     {"capture", (PyCFunction)(void (*)(void))capture, METH_FASTCALL | METH_KEYWORDS,
      "capture(limit=6, skip=2): as instrumentation.stacks.capture"},
 #endif
-    {"on_kernel", (PyCFunction)(void (*)(void))c_on_kernel, METH_FASTCALL,
-     "on_kernel(checker, ev, seq): as Checker._on_kernel"},
-    {"read", (PyCFunction)(void (*)(void))c_read, METH_FASTCALL,
-     "read(checker, fps, rec, vc): as Checker._read"},
-    {"on_alloc", (PyCFunction)(void (*)(void))c_on_alloc, METH_FASTCALL,
-     "on_alloc(checker, ev, seq): as Checker._on_alloc"},
-    {"on_free", (PyCFunction)(void (*)(void))c_on_free, METH_FASTCALL,
-     "on_free(checker, ctx_free_type, ev, seq): as Checker._on_free"},
-    {"replay_ops", (PyCFunction)(void (*)(void))c_replay_ops, METH_FASTCALL,
-     "replay_ops(checker, ops, tid, clock, seq, ev, graph, vc): Checker._on_replay's per-op update"},
-    {"process_all", (PyCFunction)(void (*)(void))c_process_all, METH_FASTCALL,
-     "process_all(checker, sited_types, events): as Checker.process_all"},
-    {"write", (PyCFunction)(void (*)(void))c_write, METH_FASTCALL,
-     "write(checker, fps, rec, vc, graph): as Checker._write"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -2383,7 +1809,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         return NULL;
     if (PyType_Ready(&FastPlanType) < 0 || PyType_Ready(&EmitterType) < 0 ||
         PyType_Ready(&FootprintsType) < 0 || PyType_Ready(&StreamOfType) < 0 ||
-        PyType_Ready(&AllocEmitterType) < 0)
+        PyType_Ready(&AllocEmitterType) < 0 || PyType_Ready(&DispatchType) < 0)
         return NULL;
 #ifdef HAVE_FRAME_API
     if (PyType_Ready(&DeathWatchType) < 0)
@@ -2392,10 +1818,11 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    PyTypeObject *types[5] = {&FastPlanType, &EmitterType, &FootprintsType, &StreamOfType,
-                              &AllocEmitterType};
-    const char *names[5] = {"FastPlan", "Emitter", "Footprints", "StreamOf", "AllocEmitter"};
-    for (int i = 0; i < 5; i++) {
+    PyTypeObject *types[6] = {&FastPlanType, &EmitterType, &FootprintsType, &StreamOfType,
+                              &AllocEmitterType, &DispatchType};
+    const char *names[6] = {"FastPlan", "Emitter", "Footprints", "StreamOf", "AllocEmitter",
+                            "Dispatch"};
+    for (int i = 0; i < 6; i++) {
         Py_INCREF(types[i]);
         if (PyModule_AddObject(m, names[i], (PyObject *)types[i]) < 0) {
             Py_DECREF(types[i]);

@@ -67,11 +67,9 @@ import os
 from bisect import bisect_left, bisect_right
 from collections import deque
 from dataclasses import replace
-from functools import partial
 from typing import NamedTuple
 
 from .clocks import join
-from . import native
 from .findings import Access, ContextEvent, FindingSet, Place, Race, describe
 from .replay import RECIPES_KEPT, ReplayPlan, simulate, stable_form
 from .shadow import (StorageShadow, iv_add, iv_intersect, iv_normalize, iv_subtract,
@@ -340,32 +338,6 @@ class Checker:
             NameTensor: self._on_name_tensor, NameTimeline: self._on_name_timeline,
             StaleTolerant: self._on_stale_tolerant,
         }
-        fast = native.speedups
-        if fast is not None:
-            self._use_native(fast)
-
-    def _use_native(self, fast) -> None:
-        """The hot handlers in C (racecheck/_speedups.c), each where this class's Python one is
-        the reference it ports (a subclass's or a test's own handler is kept)."""
-        cls = type(self)
-        if cls._new_shadow is _REFERENCE["_new_shadow"]:
-            self._native_shadow_type = StorageShadow
-        if cls._on_kernel is _REFERENCE["_on_kernel"]:
-            self._handlers[Kernel] = partial(fast.on_kernel, self)
-        if cls._read is _REFERENCE["_read"]:
-            self._read = partial(fast.read, self)
-        if cls._write is _REFERENCE["_write"]:
-            self._write = partial(fast.write, self)
-        if cls._on_alloc is _REFERENCE["_on_alloc"]:
-            self._handlers[Alloc] = partial(fast.on_alloc, self)
-        if cls._on_free is _REFERENCE["_on_free"]:
-            self._handlers[Free] = partial(fast.on_free, self, _CtxFree)
-        if cls._replay_ops is _REFERENCE["_replay_ops"] and cls._read is _REFERENCE["_read"] \
-                and cls._write is _REFERENCE["_write"]:
-            self._replay_ops = partial(fast.replay_ops, self)
-        if cls.process_all is _REFERENCE["process_all"] \
-                and cls._assign_sites is _REFERENCE["_assign_sites"]:
-            self.process_all = partial(fast.process_all, self, _SITED)
 
     # ---- public API ---------------------------------------------------------------------------
 
@@ -1426,8 +1398,3 @@ class Checker:
                                   peer=name(e.peer) if e.peer is not None else "", edge=e.edge)
                      for e, t in items)
 
-
-# the Python handlers racecheck/_speedups.c ports (Checker._use_native)
-_REFERENCE = {name: getattr(Checker, name) for name in ("_on_kernel", "_read", "_write", "process_all",
-                                                      "_on_alloc", "_on_free", "_assign_sites",
-                                                      "_replay_ops", "_new_shadow")}

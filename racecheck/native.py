@@ -1,32 +1,37 @@
-"""The per-op hot path in C (racecheck/_speedups.c), where it was built.
+"""racecheck's C code, where it was built: the per-op hot path (racecheck/_speedups.c) and the
+checker's engine (racecheck/_engine.c).
 
-The Python it ports stays the reference and the fallback: a platform without a compiler gets a
+The Python they port stays the reference and the fallback: a platform without a compiler gets a
 working (slower) racecheck, and RACECHECK_PURE_PYTHON=1 (or `use(False)`, taking effect for
-sessions started after it) switches the C path off, so that the two can be compared on the same
-program (tests/test_native.py, bench/bench_interception.py).
+sessions and checkers made after it) switches both off, so that the two can be compared on the
+same program (tests/test_native.py, tests/test_checker_engine.py, bench/bench_interception.py).
 """
 from __future__ import annotations
 
+import importlib
 import os
 
 
-def _load():
+def _load(name: str):
     try:
-        from racecheck import _speedups
+        return importlib.import_module(f"racecheck.{name}")
     except ImportError:
         return None
-    return _speedups
 
 
-built = _load()
-speedups = None if os.environ.get("RACECHECK_PURE_PYTHON", "") not in ("", "0") else built
+built = _load("_speedups")
+engine_built = _load("_engine")
+_pure = os.environ.get("RACECHECK_PURE_PYTHON", "") not in ("", "0")
+speedups = None if _pure else built
+engine = None if _pure else engine_built
 _listeners: list = []
 
 
 def use(on: bool) -> bool:
-    """Switch the C path on (where built) or off; returns whether it is on now."""
-    global speedups
+    """Switch the C code on (where built) or off; returns whether the hot path is on now."""
+    global speedups, engine
     speedups = built if on else None
+    engine = engine_built if on else None
     for listener in _listeners:
         listener(speedups)
     return speedups is not None

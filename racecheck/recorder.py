@@ -12,7 +12,7 @@ import threading
 import traceback
 
 from . import native
-from .checker import Checker
+from .engine import new_checker
 from .trace import (Copy, Free, GraphReplay, HostSync, Kernel, NameTimeline, StreamWaitEvent,
                     StreamWaitStream, Trace)
 
@@ -47,7 +47,7 @@ class Recorder:
     _busy = False       # an event is being processed or the queue flushed (this thread holds the lock)
 
     def __init__(self, *, record_trace: bool = False):
-        self._checker = Checker()
+        self._checker = new_checker()
         self._trace = Trace() if record_trace else None
         self.checking = True
         self._internal_errors: list = []
@@ -104,7 +104,7 @@ class Recorder:
 
     # -- results --------------------------------------------------------------------------------
     @property
-    def checker(self) -> Checker:
+    def checker(self):
         """The online checker, once every event emitted so far has reached it."""
         self.flush_pending()
         return self._checker

@@ -53,7 +53,7 @@ def _findings(fs) -> list:
 def _cases() -> dict:
     import racecheck
     from cases import EXPECTED
-    from racecheck.checker import Checker
+    from racecheck.engine import new_checker
     from racecheck.trace import Trace
 
     out = {}
@@ -65,7 +65,7 @@ def _cases() -> dict:
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "t.jsonl")
             rc.save_trace(path)
-            out[f"offline/{cid}"] = _findings(Checker().process_all(Trace.iter_file(path)).findings)
+            out[f"offline/{cid}"] = _findings(new_checker().process_all(Trace.iter_file(path)).findings)
     return out
 
 

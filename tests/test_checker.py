@@ -11,8 +11,9 @@ import re
 
 import pytest
 
-from racecheck import clocks
+from racecheck import clocks, native
 from racecheck.checker import Checker
+from racecheck.engine import FastChecker
 from racecheck.shadow import (StorageShadow, iv_add, iv_intersect, iv_normalize, iv_subtract,
                               iv_union)
 from racecheck.trace import (Alloc, Copy, EventRecord, Footprint, Free, HostAccess, HostSync,
@@ -83,7 +84,13 @@ class TB:
         return self.add(Free(thread, block, self.stack("release")))
 
     def check(self, **kw):
-        return Checker(**kw).process_all(self.events)
+        """The reference Checker on this trace. Where the C engine is built, FastChecker must give
+        the same findings, field by field (tests/test_checker_engine.py compares their states)."""
+        ref = Checker(**kw).process_all(self.events)
+        if native.engine is not None:
+            fast = FastChecker(**kw).process_all(self.events)
+            assert [f.to_json() for f in fast.findings] == [f.to_json() for f in ref.findings]
+        return ref
 
     def findings(self, **kw):
         return self.check(**kw).findings

@@ -22,14 +22,14 @@ def add_arguments(parser) -> None:
 
 def check_trace(path, context_window: int = 64) -> list:
     """Findings of the trace at `path`; UsageError (one line) when it cannot be read."""
-    from racecheck.checker import Checker
+    from racecheck.engine import new_checker
     from racecheck.trace import Trace, TraceFormatError
 
     if not os.path.exists(path):
         raise UsageError(f"trace file not found: {path}")
     if os.path.isdir(path):
         raise UsageError(f"trace path is a directory, not a .jsonl file: {path}")
-    checker = Checker(context_window=context_window)
+    checker = new_checker(context_window=context_window)
     try:
         checker.process_all(Trace.iter_file(path))
     except TraceFormatError as exc:

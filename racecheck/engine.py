@@ -1,0 +1,121 @@
+"""The checker, run by the C engine (racecheck/_engine.c) for as long as the trace is clean.
+
+`FastChecker` has `Checker`'s public interface. Events go to the engine, which keeps the
+checker's state (clocks, context windows, shadow memory, records, allocations, graphs) in C
+structures and handles every event that cannot lead to a finding. At the first event that could
+(a race, an RC005 hazard, stale graph input, an RC007 candidate) or that the engine does not
+model, it stops before touching its state, exports that state into a Python `Checker`, and the
+Python checker handles that event and everything after it. Findings therefore always come from
+the reference code; a clean run never leaves C.
+
+`new_checker()` is the factory the recorder and `racecheck check` use: a FastChecker where the
+engine was built and the C path is on (racecheck.native), else the Python Checker.
+"""
+from __future__ import annotations
+
+import itertools
+from collections import deque
+
+from . import native, trace
+from .checker import (Checker, _Ctx, _CtxFree, _Graph, _GraphInput, _Name, _NoopWait, _Recorded,
+                      _Replay, _Timeline)
+from .shadow import StorageShadow, iv_add
+
+__all__ = ["FastChecker", "new_checker"]
+
+
+def _kit() -> dict:
+    """The classes the engine reads events through and builds the Python state from."""
+    kit = {name: cls for name, cls in vars(trace).items()
+           if isinstance(cls, type) and issubclass(cls, trace.Event) and cls is not trace.Event}
+    kit.update(Footprint=trace.Footprint, CapturedOp=trace.CapturedOp, _Timeline=_Timeline,
+               StorageShadow=StorageShadow, _Ctx=_Ctx, _CtxFree=_CtxFree, _Recorded=_Recorded,
+               _NoopWait=_NoopWait, _Graph=_Graph, _GraphInput=_GraphInput, _Replay=_Replay,
+               _Name=_Name, iv_add=iv_add, deque=deque)
+    return kit
+
+
+class FastChecker:
+    """Checker's interface; the C engine until the first event that could make a finding."""
+
+    def __init__(self, context_window: int = 64, engine=None):
+        self.context_window = int(context_window)
+        module = engine or native.engine
+        self._engine = module.Engine(self.context_window, _kit())
+        self._py: Checker | None = None
+        self._namer = None
+        self.handed_over_at = None      # events the engine handled before the Python took over
+
+    @property
+    def namer(self):
+        return self._namer
+
+    @namer.setter
+    def namer(self, namer) -> None:
+        self._namer = namer
+        if self._py is not None:
+            self._py.namer = namer
+
+    @property
+    def handed_over(self) -> bool:
+        """The Python checker has taken over (a finding was possible at some event)."""
+        return self._py is not None
+
+    def python_checker(self) -> Checker:
+        """The reference checker, with this state (hands over now if the engine still runs)."""
+        return self._py if self._py is not None else self._handover()
+
+    def _handover(self) -> Checker:
+        self.handed_over_at = self._engine.events_processed
+        py = Checker(self.context_window)
+        py.namer = self._namer
+        self._engine.export(py)
+        self._py = py
+        self._engine = None
+        return py
+
+    def process(self, event) -> None:
+        self.process_all((event,))
+
+    def process_all(self, events) -> "FastChecker":
+        if self._py is not None:
+            self._py.process_all(events)
+            return self
+        it = iter(events)
+        stop = self._engine.process_all(it)
+        if stop is not None:
+            self._handover().process_all(itertools.chain((stop,), it))
+        return self
+
+    @property
+    def findings(self) -> list:
+        return self._py.findings if self._py is not None else []
+
+    @property
+    def events_processed(self) -> int:
+        return self._py.events_processed if self._py is not None else self._engine.events_processed
+
+    def timeline_name(self, tid) -> str:
+        if self._py is not None:
+            return self._py.timeline_name(tid)
+        return self._engine.timeline_name(tid)
+
+    def stats(self) -> dict:
+        return self._py.stats() if self._py is not None else self._engine.stats()
+
+
+# Checker's methods as this module found them: the engine ports these
+_REFERENCE = {name: fn for name, fn in vars(Checker).items() if callable(fn)}
+
+
+def _python_changed() -> bool:
+    """A test or a plugin replaced one of Checker's methods: the engine no longer ports it."""
+    return any(vars(Checker).get(name) is not fn for name, fn in _REFERENCE.items())
+
+
+def new_checker(context_window: int = 64):
+    """The fastest checker built here: FastChecker, or the Python Checker without the engine
+    (or with a method of it replaced, which the Python checker then runs)."""
+    if native.engine is not None and not _python_changed():
+        return FastChecker(context_window)
+    return Checker(context_window)

@@ -1,0 +1,281 @@
+"""The checker's C engine (racecheck/_engine.c) against the Python Checker it ports.
+
+The engine handles a trace for as long as nothing could be reported, then exports its state into
+a Python Checker that goes on. Two properties, on every trace here:
+  * findings: FastChecker's equal the reference Checker's, field by field;
+  * state: where the engine stopped (or at the end of a clean trace), the exported state equals,
+    structure for structure, the state the Python handlers build on the same events: timelines,
+    clocks, context windows, shadow segments and which records they share, graphs, allocations.
+Traces: every public case, hand-built traces of every event kind, the EAGLE v2 scenario's
+variants, and random traces drawn by Hypothesis. (tests/test_checker.py's trace builder also
+compares the findings of both on every hand-built rule test.)
+"""
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import racecheck
+from racecheck import native
+from racecheck.checker import Checker
+from racecheck.trace import (Alloc, CapturedOp, Copy, EventRecord, Footprint, Free, GraphCapture,
+                             GraphReplay, HostAccess, HostSync, Kernel, NameTensor, NameTimeline,
+                             RecordStream, StaleTolerant, StreamWaitEvent, StreamWaitStream)
+
+from cases import EXPECTED
+
+pytestmark = pytest.mark.skipif(native.engine_built is None, reason="the C engine is not built here")
+
+
+def reference(**kw) -> Checker:
+    """The Python Checker with no C at all (racecheck/_speedups.c's handlers off too)."""
+    was = native.speedups is not None
+    native.use(False)
+    try:
+        return Checker(**kw)
+    finally:
+        native.use(was)
+
+
+def fast(**kw):
+    from racecheck.engine import FastChecker
+    return FastChecker(engine=native.engine_built, **kw)
+
+
+# -- comparable state ----------------------------------------------------------------------------
+
+def _rec(r):
+    if r is None:
+        return None
+    tid, clock, seq, ev, sub, host, graph = r
+    return (tid, clock, seq, id(ev), None if sub is None else id(sub), host, graph)
+
+
+def _ctx(e):
+    return ("rec",) + _rec(e) if type(e) is tuple else (type(e).__name__,) + tuple(e)
+
+
+def state(c: Checker) -> dict:
+    """Everything the Checker's handlers leave behind, in comparable form. Records are compared
+    by content and event identity, and which segments share one record object is part of it."""
+    shared = {}
+    for sh in c._shadow.values():
+        for s in sh.states:
+            if s is not None:
+                for r in [s[0], *s[1].values()]:
+                    if r is not None:
+                        shared.setdefault(id(r), []).append(_rec(r))
+    tls = {tid: dict(name=t.name, is_host=t.is_host, device=t.device, vc=dict(t.vc), ver=t.ver,
+                     jh=None if t.jh is None else t.jh.tid, jv=t.jv, ctx=[_ctx(e) for e in t.ctx],
+                     maxlen=t.ctx.maxlen,
+                     noop=None if t.noop is None else [(k, tuple(v)) for k, v in t.noop.items()],
+                     frees=t.frees)
+           for tid, t in c._tl.items()}
+    shadows = {st_: dict(bounds=list(sh.bounds), readers_is_shared=sh.readers is c._readers.get(st_),
+                         states=[None if s is None else (_rec(s[0]), [(k, _rec(v)) for k, v in s[1].items()])
+                                 for s in sh.states], seen=sh.seen)
+               for st_, sh in c._shadow.items()}
+    graphs = {g: dict(gid=x.gid, ops=[id(o) for o in x.ops], captured=x.captured,
+                      nreplays=x.nreplays, first=x.first_replay,
+                      last=None if x.last_replay is None else (x.last_replay.seq, x.last_replay.tl,
+                                                               id(x.last_replay.ev)),
+                      inputs=[(k, v.storage, v.read, v.ever, v.fresh, v.ops) for k, v in x.inputs.items()])
+              for g, x in c._graphs.items()}
+    readers = {k: [(g, inp.storage, inp.read, inp.ever, inp.fresh, inp is c._graphs[g].inputs.get(inp.storage)
+                    if g in c._graphs else None) for g, inp in v] for k, v in c._readers.items()}
+    return dict(seq=c._seq, timelines=tls, order=list(c._tl), streams=[t.tid for t in c._streams],
+                main=None if c._main is None else c._main.tid, shadows=shadows,
+                shared=sorted(sorted(v) for v in shared.values() if len(v) > 1), graphs=graphs,
+                readers=readers, names={k: [tuple(n) for n in v] for k, v in c._names.items()},
+                name_order=c._name_order,
+                records={k: (r.tl, dict(r.vc), r.seq, r.stack) for k, r in c._records.items()},
+                allocs=dict(c._allocs), unsited=list(c._unsited), sites=dict(c._sites),
+                recstreams={k: set(v) for k, v in c._recstreams.items()},
+                tolerant=dict(c._tolerant), pend=c._pend, frees_open=c._frees_open,
+                stale_open=c._stale_open, findings=[f.to_json() for f in c.findings])
+
+
+def assert_same(events, compare_state=True) -> bool:
+    """Findings of both checkers equal; the exported state equals the reference's where the engine
+    stopped. True when the engine handled the whole trace."""
+    events = list(events)
+    ref = reference().process_all(events)
+    f = fast().process_all(events)
+    assert [x.to_json() for x in f.findings] == [x.to_json() for x in ref.findings]
+    assert f.events_processed == ref.events_processed == len(events)
+    stop = f.handed_over_at if f.handed_over else len(events)
+    if compare_state:
+        head = events[:stop]
+        g = fast().process_all(head)
+        assert not g.handed_over
+        per_op = reference()
+        per_op.merge_replays = False        # a merged replay leaves the same state (test_replay_merge)
+        assert state(g.python_checker()) == state(per_op.process_all(head))
+    return not f.handed_over
+
+
+# -- public cases ------------------------------------------------------------------------------------
+
+def _case_trace(case):
+    program = EXPECTED[case][0]
+    with racecheck.session(device="sim", record_trace=True) as rc:
+        keep = program(rc.device_module, "cpu")  # noqa: F841 - tensors outlive the snippet
+    return list(rc.trace.events)
+
+
+@pytest.mark.parametrize("case", sorted(EXPECTED))
+def test_public_case_every_prefix(case):
+    events = _case_trace(case)
+    clean = not EXPECTED[case][1]
+    for n in range(1, len(events) + 1):
+        assert_same(events[:n])
+    # a clean program's trace never leaves C
+    assert assert_same(events) or not clean
+
+
+# -- scenario traces ---------------------------------------------------------------------------------
+
+def _scenario_trace(name, variant, executor=None):
+    from racecheck import scenarios
+    from racecheck.scenarios.registry import RunContext
+    sc = scenarios.get(name)
+    cfg = sc.config(variant=variant)
+    options = sc.session_options(cfg, "sim")
+    if executor is not None:
+        options["executor"] = executor
+    with racecheck.session(device="sim", record_trace=True, **options) as rc:
+        sc.run_once(cfg, RunContext(rc.device_module, "cpu", rc, pin=True, seed=0))
+    return list(rc.trace.events)
+
+
+def _variants(name):
+    from racecheck import scenarios
+    return [None, *scenarios.get(name).variants]
+
+
+@pytest.mark.parametrize("variant", _variants("eagle-v2"))
+def test_eagle_v2_variant(variant):
+    from racecheck import scenarios
+    events = _scenario_trace("eagle-v2", variant)
+    stayed = assert_same(events)
+    expected = scenarios.get("eagle-v2").variants[variant].expected if variant else []
+    races = [rule for rule, _tensor in expected if rule != "DIFF"]
+    assert stayed == (not races)      # a trace with nothing to report never leaves C
+
+
+def test_eagle_v2_under_the_adversarial_executor():
+    from racecheck.instrumentation.adversarial import AdversarialExecutor
+    plan = {"priorities": {"#1": 5, "#2": 4, "#3": 3}, "host": 2, "change_points": [15, 60]}
+    assert_same(_scenario_trace("eagle-v2", None, AdversarialExecutor(plan)))
+    assert_same(_scenario_trace("eagle-v2", "no-futuremap_publish", AdversarialExecutor(plan)))
+
+
+# -- events the engine leaves to Python ----------------------------------------------------------------
+
+ST = (("/eng/model.py", 3, "step"),)
+
+
+def test_malformed_event_fails_as_in_python():
+    """A footprint the engine cannot read is handed over: the reference raises, as it would alone."""
+    bad = Footprint(1, None)
+    events = [Alloc(0, 1, 1, 32), Kernel(0, 1, (), (bad,), "k", ST)]
+    with pytest.raises(TypeError):
+        reference().process_all(events)
+    f = fast()
+    with pytest.raises(TypeError):
+        f.process_all(events)
+    assert f.handed_over and f.events_processed == 2      # counted, as Checker.process counts it
+
+
+def test_unknown_event_type_is_handed_over():
+    class Custom(Kernel):
+        __slots__ = ()
+    events = [Custom(0, 1, (), (Footprint(1, ((0, 8),)),), "k", ST)]
+    f = fast().process_all(events)
+    assert f.handed_over and f.handed_over_at == 0
+    assert_same(events)
+
+
+def test_iterator_resumes_after_the_handover():
+    """The event the engine stops at and the rest of a one-shot iterator reach the Python checker."""
+    x = Footprint(1, ((0, 8),))
+    events = [NameTimeline(0, 1, "a"), NameTimeline(0, 2, "b"), Kernel(0, 1, (), (x,), "w", ST),
+              Kernel(0, 2, (x,), (), "r", ST), Kernel(0, 2, (x,), (), "r2", ST)]
+    f = fast().process_all(iter(events))
+    assert f.handed_over_at == 3 and f.events_processed == 5
+    assert [x.rule for x in f.findings] == ["RC001"]
+
+
+# -- random traces ---------------------------------------------------------------------------------
+
+HOSTS, STREAMS, STORAGES, EVENTS, GRAPHS = (100, 101), (1, 2, 3), (10, 11, 12), (1, 2, 3), (1, 2)
+
+stacks = st.integers(1, 4).map(lambda n: (("/eng/model.py", n, f"fn{n}"), ("/eng/loop.py", 7, "step")))
+ranges = st.lists(st.tuples(st.integers(0, 4), st.integers(1, 3)).map(lambda p: (8 * p[0], 8 * (p[0] + p[1]))),
+                  min_size=1, max_size=2).map(tuple)
+
+
+@st.composite
+def footprints(draw, host=False):
+    return Footprint(draw(st.sampled_from(STORAGES)), draw(ranges), draw(st.booleans()) if host else False,
+                     draw(st.sampled_from([None, None, None, "strided view"])),
+                     draw(st.sampled_from([None, None, 0, 10, 40])))
+
+
+fps = st.lists(footprints(), max_size=2).map(tuple)
+thread = st.sampled_from(HOSTS)
+stream = st.sampled_from(STREAMS)
+captured = st.builds(CapturedOp, fps, fps, st.sampled_from(["mm", "add"]), stacks)
+
+events = st.one_of(
+    st.builds(Kernel, thread, stream, fps, fps, st.sampled_from(["k", "add_"]), stacks),
+    st.builds(Kernel, thread, stream, fps, fps, st.sampled_from(["k", "add_"]), stacks),
+    st.builds(Copy, thread, stream, footprints(True), footprints(True), st.booleans(), st.just("copy_"), stacks),
+    st.builds(HostAccess, thread, fps, fps, st.just("item"), stacks),
+    st.builds(EventRecord, thread, st.sampled_from(EVENTS), stream, stacks),
+    st.builds(StreamWaitEvent, thread, stream, st.sampled_from(EVENTS), stacks),
+    st.builds(StreamWaitStream, thread, stream, stream, stacks),
+    st.builds(HostSync, thread, st.just("stream"), stream, stacks),
+    st.builds(HostSync, thread, st.just("event"), st.sampled_from(EVENTS), stacks),
+    st.builds(HostSync, thread, st.just("device"), st.sampled_from([None, 0, 1]), stacks),
+    st.builds(Alloc, thread, st.sampled_from(STORAGES), st.sampled_from(STREAMS + (None,)),
+              st.just(64), st.booleans()),
+    st.builds(Free, thread, st.sampled_from(STORAGES), stacks),
+    st.builds(RecordStream, thread, st.sampled_from(STORAGES), stream, stacks),
+    st.builds(GraphCapture, thread, st.sampled_from(GRAPHS), st.lists(captured, max_size=3), stacks),
+    st.builds(GraphReplay, thread, st.sampled_from(GRAPHS), stream, stacks),
+    st.builds(GraphReplay, thread, st.sampled_from(GRAPHS), stream, stacks),
+    st.builds(NameTensor, thread, st.sampled_from(STORAGES), st.sampled_from([0, 8]),
+              st.sampled_from([16, 32]), st.sampled_from(["a", "b"]), st.sampled_from([0, 8]),
+              st.just(4)),
+    st.builds(StaleTolerant, thread, st.sampled_from(STORAGES), st.just(0), st.just(16)),
+    st.builds(NameTimeline, thread, st.sampled_from(HOSTS + STREAMS), st.sampled_from(["x", "y"]),
+              st.booleans(), st.sampled_from([None, 0, 1])),
+)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(events, min_size=10, max_size=60))
+def test_random_traces(trace):
+    assert_same(trace)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(events, min_size=5, max_size=40), st.integers(0, 3))
+def test_random_traces_small_context_window(trace, window):
+    ref = reference(context_window=window).process_all(trace)
+    f = fast(context_window=window).process_all(trace)
+    assert [x.to_json() for x in f.findings] == [x.to_json() for x in ref.findings]
+
+
+def test_new_checker_follows_the_c_switch():
+    from racecheck.engine import FastChecker, new_checker
+    with contextlib.ExitStack() as stack:
+        was = native.speedups is not None
+        stack.callback(native.use, was)
+        native.use(True)
+        assert isinstance(new_checker(), FastChecker)
+        native.use(False)
+        assert type(new_checker()) is Checker
