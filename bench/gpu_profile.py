@@ -1,6 +1,7 @@
 """Where racecheck's time goes on a GPU: in-process timings, primitive costs and cProfile.
 
     python bench/gpu_profile.py [--quick] [--json OUT.json] [--pstats DIR] [--callbacks]
+                                [--statements]
 
 One process, configurations in this order (none of them activates torch's GPU trace, so they can
 share it; `--callbacks` adds racecheck with trace callbacks last, which activates it for good):
@@ -44,6 +45,65 @@ def _time(fn, iters, torch):
         fn()
     torch.cuda.synchronize()
     return (time.perf_counter() - t) / iters * 1e6
+
+
+def _statements(torch):
+    """One callable per kind of statement the decode step makes (gpu_overhead's loop (a))."""
+    dm = torch.cuda
+    x = torch.randn(8, 512, device="cuda")
+    w = torch.randn(512, 512, device="cuda")
+    pos = torch.zeros(8, dtype=torch.int64, device="cuda")
+    buf = torch.zeros(8, dtype=torch.int64, device="cuda")
+    out = torch.zeros(8, 512, device="cuda")
+    s = dm.Stream()
+    ev = dm.Event()
+    cur = dm.current_stream()
+    s.wait_stream(cur)
+
+    def in_stream():
+        with dm.stream(s):
+            pass
+    return {
+        "x @ w (a temporary)": lambda: x @ w,
+        "torch.relu(x) (a temporary)": lambda: torch.relu(x),
+        "pos + 1 (a temporary)": lambda: pos + 1,
+        "pos.to(float32) (a temporary)": lambda: pos.to(torch.float32),
+        "pos.add_(1) (in place)": lambda: pos.add_(1),
+        "buf.copy_(pos)": lambda: buf.copy_(pos),
+        "pos.unsqueeze(1) (a view)": lambda: pos.unsqueeze(1),
+        "out[0, 0].item()": lambda: out[0, 0].item(),
+        "with dm.stream(s)": in_stream,
+        "ev.record(s)": lambda: ev.record(s),
+        "cur.wait_event(ev)": lambda: cur.wait_event(ev),
+        "s.wait_stream(cur)": lambda: s.wait_stream(cur),
+        "dm.current_stream()": lambda: dm.current_stream(),
+    }
+
+
+def statement_costs(torch, make_modes, rounds=5, iters=2000) -> list:
+    """[(statement, {config: µs per call})]: min over rounds, configurations interleaved."""
+    times: dict = {}
+    for _ in range(rounds):
+        for config, make in make_modes.items():
+            cm = make() if make else None
+            if cm is not None:
+                cm.__enter__()
+            try:
+                for name, fn in _statements(torch).items():
+                    for _ in range(50):
+                        fn()
+                    torch.cuda.synchronize()
+                    t = time.perf_counter()
+                    for _ in range(iters):
+                        fn()
+                    torch.cuda.synchronize()
+                    us = (time.perf_counter() - t) / iters * 1e6
+                    cur = times.setdefault(name, {})
+                    cur[config] = min(us, cur.get(config, us))
+            finally:
+                if cm is not None:
+                    cm.__exit__(None, None, None)
+    return list(times.items())
 
 
 def _primitives(torch, iters=20000):
@@ -136,6 +196,7 @@ def main(argv=None) -> int:
     p.add_argument("--callbacks", action="store_true", help="also racecheck with trace callbacks")
     p.add_argument("--top", type=int, default=28)
     p.add_argument("--rounds", type=int, default=None, help="rounds of the timings (3; 1 with --quick)")
+    p.add_argument("--statements", action="store_true", help="time each kind of statement alone")
     args = p.parse_args(argv)
     import torch
     if not torch.cuda.is_available():
@@ -164,6 +225,16 @@ def main(argv=None) -> int:
         finally:
             native.use(was)
 
+    statements = []
+    if args.statements:
+        statements = statement_costs(torch, {
+            "plain": None, "noop-mode": NoopMode,
+            "racecheck": lambda: racecheck.session(device="cuda", callbacks=False)},
+            rounds=2 if args.quick else 5, iters=500 if args.quick else 2000)
+        print(f"{'statement':34s} {'plain':>8s} {'noop':>8s} {'racecheck':>10s} {'+ over noop':>12s}  (µs per call)")
+        for name, t in statements:
+            print(f"{name:34s} {t['plain']:8.2f} {t['noop-mode']:8.2f} {t['racecheck']:10.2f} "
+                  f"{t['racecheck'] - t['noop-mode']:+12.2f}", flush=True)
     configs = ["plain", "noop-mode", "racecheck"] + (["racecheck-py"] if native.built else [])
     samples: dict = {}
     for _ in range(rounds):
@@ -236,6 +307,7 @@ def main(argv=None) -> int:
         with open(args.json, "w") as fp:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                        "primitives_us": prims, "rows": rows, "breakdown": breakdowns,
+                       "statements_us": dict(statements),
                        "profiles": profiles}, fp, indent=2)
     return 0
 

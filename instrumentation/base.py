@@ -82,6 +82,7 @@ class Backend(abc.ABC):
     op_stream_tid = None
     strip_pin_memory = True
     runs_at_issue = False
+    host_wait_emits_only = False    # host_wait_stream(tid) does nothing but emit_host_sync("stream", tid)
 
     def __init__(self, sink: Sink, executor: Executor | None = None, drop_sync=()):
         self.sink = sink
@@ -182,7 +183,10 @@ class Backend(abc.ABC):
         thread = self.tls.tid
         if thread is None:
             thread = s.thread_tid()
-        s.emit(Alloc(thread, sid, self.current_stream_tid(), nbytes, host, ()))
+        stream = self.footprints.registry.alloc_stream
+        if stream is None:
+            stream = self.current_stream_tid()
+        s.emit(Alloc(thread, sid, stream, nbytes, host, ()))
 
     def host_read(self, t: torch.Tensor, op: str, stack=()) -> None:
         """A synchronizing host read (`.item()`, `.tolist()`, `.numpy()`, `int(t)`)."""

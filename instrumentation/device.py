@@ -38,6 +38,7 @@ session each traced event, every caching-allocator malloc and free included, cos
 from __future__ import annotations
 
 import gc
+import operator
 import threading
 
 import torch
@@ -167,6 +168,10 @@ def _positions(offset, shape, stride):
     return pos.expand(tuple(shape)) if nd else pos
 
 
+# a storage first seen through a CPU tensor is host memory (a C call, no Python frame per storage)
+_IS_CPU = operator.attrgetter("is_cpu")
+
+
 class DeviceBackend(Backend):
     """A real accelerator behind a torch device module (`torch.cuda`, `torch.npu`)."""
 
@@ -177,6 +182,7 @@ class DeviceBackend(Backend):
     graph_class_name = "CUDAGraph"
     strip_pin_memory = False        # pinned memory is real here (the interceptor keeps the flag)
     runs_at_issue = True            # the runtime queues the op itself
+    host_wait_emits_only = True     # host_wait_stream only reports the HostSync
 
     def __init__(self, sink, module, *, trace=None, trace_style="gpu", trace_activate=None,
                  current_ids=None, callbacks=True):
@@ -209,7 +215,7 @@ class DeviceBackend(Backend):
         self.special_ops = {"record_stream": self._record_stream}
         if self.strip_pin_memory:
             self.special_ops["is_pinned"] = self._is_pinned
-        self.footprints.registry.host_of = self._host_of
+        self.footprints.registry.host_of = _IS_CPU
         fast = native.speedups
         if fast is not None:        # the two lookups every op makes, in C (known streams)
             cls = type(self)
@@ -230,10 +236,6 @@ class DeviceBackend(Backend):
 
     def _current_device(self) -> int:
         return int(self.module.current_device())
-
-    @staticmethod
-    def _host_of(t) -> bool:
-        return t.is_cpu
 
     def current_stream_tid(self) -> int:
         key = self._cur(-1)
@@ -549,6 +551,22 @@ class DeviceBackend(Backend):
             """Events the runtime reports itself once created: the wrapper covers the rest."""
             return lambda ev: not (getattr(ev, EH, 0) and kind in traced)
 
+        fast = native.speedups
+        if fast is not None and not traced:
+            # the same wrappers in C (racecheck/_speedups.c SyncHook)
+            def hooked(kind, event_type, where):
+                def make(orig):
+                    return fast.SyncHook(
+                        kind=kind, orig=orig, backend=b, globals=globals(), sink=b.sink,
+                        tls=b.tls, mute_tls=b._tls, token=b._token, attr=_EID_ATTR, eids=b._eids,
+                        tids=b._tids, dtype=b._dtype, handle_attr=EH, stream_of=b.stream_of,
+                        current_tid=b.current_stream_tid, capture=stacks.capture,
+                        emit=b.sink.emit, event_type=event_type,
+                        internal_error=b.sink.internal_error, where=where)
+                return make
+            make_record = hooked(1, EventRecord, "in Event.record wrapper")
+            make_wait = hooked(2, StreamWaitEvent, "in Event.wait wrapper")
+
         Event, Stream = m.Event, m.Stream
         self._patch(Event, "record", make_record)
         self._patch(Event, "wait", make_wait)
@@ -625,6 +643,17 @@ class DeviceBackend(Backend):
                     s.emit(GraphReplay(s.thread_tid(), d[1], tid, stacks.capture()))
                 return orig(g)
             return replay
+
+        fast = native.speedups
+        if fast is not None:
+            def make_replay(orig):       # the same wrapper in C (racecheck/_speedups.c SyncHook)
+                return fast.SyncHook(
+                    kind=3, orig=orig, backend=b, globals=globals(), sink=b.sink, tls=b.tls,
+                    mute_tls=b._tls, token=b._token, attr=_GID_ATTR, eids=b._eids, tids=b._tids,
+                    dtype=b._dtype, handle_attr=b.event_handle_attr, stream_of=b.stream_of,
+                    current_tid=b.current_stream_tid, capture=stacks.capture, emit=b.sink.emit,
+                    event_type=GraphReplay, internal_error=b.sink.internal_error,
+                    where="in graph replay wrapper")
 
         self._patch(cls, "capture_begin", make_begin)
         self._patch(cls, "capture_end", make_end)

@@ -8,7 +8,6 @@ which the footprint says. Index ops resolve their index values into the exact ro
 from __future__ import annotations
 
 import itertools
-from functools import partial
 import sys
 import weakref
 from collections import deque
@@ -46,10 +45,13 @@ class StorageRegistry:
         self.host_sids: set = set()
         self.new_are_host = False        # storages first seen now are host memory (host ops)
         self.host_of = None              # backend's classifier for storages first seen (cuda: t.is_cpu)
+        # while an op's outputs are registered: the op's stream, which the allocator took their
+        # memory from (None: the current stream)
+        self.alloc_stream = None
         fast = native.speedups
-        if fast is not None and hasattr(fast, "register") \
+        if fast is not None and hasattr(fast, "Registrar") \
                 and type(self).register is StorageRegistry.register:
-            self.register = partial(fast.register, self)     # the same, in C
+            self.register = fast.Registrar(self)     # the same, in C
 
     def lookup(self, t: torch.Tensor, host: bool = False):
         """(sid, is_host) of t's storage, registering it on first sight."""

@@ -14,7 +14,7 @@ from types import MethodType
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from racecheck.trace import CapturedOp, Copy, HostAccess, Kernel
+from racecheck.trace import CapturedOp, Copy, HostAccess, HostSync, Kernel
 
 from racecheck import native
 
@@ -92,6 +92,8 @@ class Interceptor(TorchDispatchMode):
         # Stack capture in a C plan starts this many frames out: past the Python frame of
         # __torch_dispatch__, unless the entry below is in C (then the program's frame is next).
         self._plan_skip = 2
+        # plans whose common case has a C version (racecheck/_speedups.c SpecialPlan)
+        self._native_special = (self._copy, self._view, self._scalar_read)
         fast = native.speedups
         if fast is not None and type(self).__torch_dispatch__ is Interceptor.__torch_dispatch__:
             entry = fast.Dispatch(sink=self.sink, plans=self._plans, slow=self._dispatch_slow,
@@ -129,6 +131,8 @@ class Interceptor(TorchDispatchMode):
     def _plan(self, func):
         oc = classify(func)
         plan = self._special_plan(oc)
+        if plan is not None and native.speedups is not None and plan in self._native_special:
+            plan = _native_special_plan(native.speedups, self, oc, func, plan)
         if plan is None:        # a kernel; its plan checks pin_memory itself (no wrapper frame)
             fast = oc.plain_args is not None and not oc.data_dependent
             plan = _fast_kernel(self, oc, func) if fast else _generic_kernel(self, oc)
@@ -406,10 +410,7 @@ class Interceptor(TorchDispatchMode):
                                                deferred, stack)
         out = self.backend.execute(stream, func, args, kwargs)
         if oc.out_roles:
-            for t in iter_out_tensors(oc, out):
-                f = fp(t)
-                if f is not None:
-                    writes.append(f)
+            self._outputs(oc, out, stream, writes)
         ev = Kernel(s.thread_tid(), stream, tuple(reads), tuple(writes), oc.name, stack)
         if pend is None:
             s.emit(ev)
@@ -418,6 +419,18 @@ class Interceptor(TorchDispatchMode):
         if oc.data_dependent or (oc.name == "_to_copy" and _blocking_transfer(kwargs, reads, writes)):
             self.backend.host_wait_stream(stream)
         return out
+
+    def _outputs(self, oc, out, stream, writes) -> None:
+        """The footprints of an op's outputs, their new storages allocated on the op's stream."""
+        reg = self.maker.registry
+        reg.alloc_stream = stream
+        try:
+            for t in iter_out_tensors(oc, out):
+                f = self.fp(t)
+                if f is not None:
+                    writes.append(f)
+        finally:
+            reg.alloc_stream = None
 
     # -- queued executors (sim's adversarial executor) ------------------------------------------
 
@@ -435,10 +448,7 @@ class Interceptor(TorchDispatchMode):
 
         out = self.backend.executor.run(stream, func, args, kwargs, on_execute=snapshot)
         if oc.out_roles:
-            for t in iter_out_tensors(oc, out):
-                f = self.fp(t)
-                if f is not None:
-                    writes.append(f)
+            self._outputs(oc, out, stream, writes)
         role, pos = deferred
         thread = s.thread_tid()
 
@@ -486,6 +496,7 @@ def _fast_kernel(icp: Interceptor, oc, func):
         return _native_plan(fast, icp, oc, func)
     env = {
         "s": s, "b": backend, "tls": backend.tls, "fp": icp.fp, "tok": icp.maker.token, "attr": CACHE_ATTR,
+        "reg": icp.maker.registry,
         "tensor": torch.Tensor, "oc": oc, "names": _plan_names(oc), "name": oc.name,
         "kernel": icp._kernel, "pinned": icp._pinned_factory if oc.has_pin_memory else None,
         "capture": stacks.capture, "current": backend.current_stream_tid,
@@ -528,6 +539,24 @@ def _plan_names(oc) -> frozenset:
     for `_to_copy` a device (a transfer that may involve the host and block it; without one the
     copy stays on its tensor's device, a plain kernel)."""
     return oc.arg_names | {"device"} if oc.name == "_to_copy" else frozenset(oc.arg_names)
+
+
+def _native_special_plan(fast, icp: Interceptor, oc, func, slow):
+    """`_copy`, `_view` or `_scalar_read`, their common case in C; `slow` (the Python plan) for
+    the rest (host memory, an empty tensor, a capture, racecheck's own reads)."""
+    backend = icp.backend
+    kind = 1 if slow == icp._copy else 2 if slow == icp._view else 3
+    by_device = kind == 1 and icp._op_stream is not None
+    # a device backend's host wait only reports the HostSync: made in C with the read's stack
+    wait = None if getattr(backend, "host_wait_emits_only", False) else backend.host_wait_stream
+    return fast.SpecialPlan(
+        kind=kind, slow=slow, tls=backend.tls, fp=icp.fp, capture=stacks.capture,
+        stream_fn=icp._op_stream if by_device else backend.current_stream_tid, by_device=by_device,
+        backend=backend, call=getattr(func, "_op", func), direct=bool(backend.runs_at_issue),
+        execute=backend.execute, sink=icp.sink, emit=icp.sink.emit, kernel_type=Kernel,
+        host_sync_type=HostSync, name="copy_" if kind == 1 else "item", tensor=torch.Tensor,
+        pending=getattr(icp.sink, "_pending", ()), born_attr=BORN_ATTR, wait=wait,
+        skip=icp._plan_skip)
 
 
 def _args_needed(oc) -> int:
@@ -583,15 +612,24 @@ def _plan_source(oc, direct: bool, by_device: bool) -> str:
         src += [f"    if {' or '.join(f + ' is None' for f in fs)}:",
                 f"        reads = _present({', '.join(reads)})",
                 f"        writes = _present({', '.join(writes)})"]
+    # new output storages are allocated on the op's stream (Interceptor._outputs)
     if oc.out_roles == (WRITE,):
-        src += ["    if isinstance(out, tensor):",
-                "        f = fp(out)",
-                "        if f is not None:",
-                "            writes += (f,)",
-                "    else:",
-                "        writes += _present(*map(fp, iter_out_tensors(oc, out)))"]
+        src += ["    reg.alloc_stream = stream",
+                "    try:",
+                "        if isinstance(out, tensor):",
+                "            f = fp(out)",
+                "            if f is not None:",
+                "                writes += (f,)",
+                "        else:",
+                "            writes += _present(*map(fp, iter_out_tensors(oc, out)))",
+                "    finally:",
+                "        reg.alloc_stream = None"]
     elif WRITE in oc.out_roles:
-        src += ["    writes += _present(*map(fp, iter_out_tensors(oc, out)))"]
+        src += ["    reg.alloc_stream = stream",
+                "    try:",
+                "        writes += _present(*map(fp, iter_out_tensors(oc, out)))",
+                "    finally:",
+                "        reg.alloc_stream = None"]
     src += ["    thread = tls.tid",
             "    if thread is None:",
             "        thread = s.thread_tid()",

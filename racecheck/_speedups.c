@@ -22,7 +22,7 @@
 
 /* ---- interned attribute names ------------------------------------------------------------ */
 
-static PyObject *s_checking, *s_thread, *s_stream, *s_reads, *s_writes, *s_storage, *s_ranges, *s_born,
+static PyObject *s_ACTIVE, *s_mute, *s_new_event_id, *s_event, *s_graph, *s_graph_replay, *s_stream_id, *s_device_index, *s_device_type, *s_footprints, *s_registry, *s_alloc_stream, *s_checking, *s_seq, *s_internal, *s_sync_kind, *s_target, *s_thread, *s_stream, *s_reads, *s_writes, *s_storage, *s_ranges, *s_born,
     *s_append, *s_capture_attr, *s_tid_attr, *s_before_launch, *s_host, *s_data_ptr, *s_dict,
     *s_pin_memory, *s_op, *s_stack, *s_thread_tid, *s_block, *s_unresolved, *s_liveness, *s_dead,
     *s_busy, *s_flush_pending, *s_numel, *s_is_contiguous, *s_untyped_storage, *s_cdata,
@@ -33,7 +33,12 @@ static PyObject *s_checking, *s_thread, *s_stream, *s_reads, *s_writes, *s_stora
 
 static int intern_all(void) {
 #define I(var, text) if (!(var = PyUnicode_InternFromString(text))) return -1
-    I(s_checking, "checking");
+    I(s_ACTIVE, "_ACTIVE"); I(s_mute, "mute"); I(s_new_event_id, "new_event_id"); I(s_event, "event");
+    I(s_graph, "graph"); I(s_graph_replay, "graph_replay"); I(s_stream_id, "stream_id");
+    I(s_device_index, "device_index"); I(s_device_type, "device_type");
+    I(s_footprints, "footprints"); I(s_registry, "registry"); I(s_alloc_stream, "alloc_stream");
+    I(s_checking, "checking"); I(s_seq, "seq"); I(s_internal, "internal");
+    I(s_sync_kind, "sync_kind"); I(s_target, "target");
     I(s_thread, "thread"); I(s_stream, "stream"); I(s_reads, "reads"); I(s_writes, "writes");
     I(s_storage, "storage"); I(s_ranges, "ranges"); I(s_born, "born"); I(s_append, "append");
     I(s_capture_attr, "capture"); I(s_tid_attr, "tid"); I(s_before_launch, "before_launch");
@@ -617,9 +622,9 @@ static PyTypeObject EmitterType = {
     .tp_vectorcall_offset = offsetof(Emitter, vectorcall),
 };
 
-/* The current stream, while a plan that looked it up registers its op's outputs (borrowed;
-   NULL otherwise): the allocation stream of a new output, without asking the backend again. */
-static PyObject *alloc_stream = NULL;
+/* While a C plan registers its op's outputs (borrowed; NULL otherwise): the op's stream, where
+   the allocator took their memory from (Interceptor._outputs), and the issuing host timeline. */
+static PyObject *alloc_stream = NULL, *alloc_thread = NULL;
 
 /* Backend._on_new_storage: AllocEmitter(sink, tls, backend, Alloc)(sid, nbytes, host) */
 typedef struct {
@@ -651,14 +656,27 @@ static PyObject *ae_vectorcall(PyObject *self, PyObject *const *args, size_t nar
         PyErr_SetString(PyExc_TypeError, "on_new(sid, nbytes, host)");
         return NULL;
     }
-    PyObject *thread = thread_of(a->tls, a->sink);
-    if (thread == NULL)
+    PyObject *thread = alloc_thread;
+    if (thread != NULL)
+        Py_INCREF(thread);
+    else if ((thread = thread_of(a->tls, a->sink)) == NULL)
         return NULL;
     PyObject *stream = alloc_stream;
     if (stream != NULL)
         Py_INCREF(stream);
-    else
-        stream = PyObject_CallMethodNoArgs(a->backend, s_current_stream_tid);
+    else {
+        /* Backend._on_new_storage: the registry's alloc_stream (a Python plan registering an
+           op's outputs), else the current stream */
+        PyObject *fps = PyObject_GetAttr(a->backend, s_footprints);
+        PyObject *reg = fps ? PyObject_GetAttr(fps, s_registry) : NULL;
+        stream = reg ? PyObject_GetAttr(reg, s_alloc_stream) : NULL;
+        Py_XDECREF(fps);
+        Py_XDECREF(reg);
+        if (stream == Py_None) {
+            Py_DECREF(stream);
+            stream = PyObject_CallMethodNoArgs(a->backend, s_current_stream_tid);
+        }
+    }
     if (stream == NULL) {
         Py_DECREF(thread);
         return NULL;
@@ -671,7 +689,10 @@ static PyObject *ae_vectorcall(PyObject *self, PyObject *const *args, size_t nar
     Py_DECREF(stream);
     if (ev == NULL)
         return NULL;
-    PyObject *r = PyObject_CallMethodOneArg(a->sink, s_emit, ev);
+    PyObject *emit = PyObject_GetAttr(a->sink, s_emit);
+    PyObject *r = emit == NULL ? NULL : Py_TYPE(emit) == &EmitterType ? em_emit((Emitter *)emit, ev)
+                                                                    : PyObject_CallOneArg(emit, ev);
+    Py_XDECREF(emit);
     Py_DECREF(ev);
     return r;
 }
@@ -705,6 +726,241 @@ static PyTypeObject AllocEmitterType = {
     .tp_call = PyVectorcall_Call,
     .tp_vectorcall_offset = offsetof(AllocEmitter, vectorcall),
 };
+
+/* ---- the storage registry (instrumentation/footprints.py StorageRegistry) ------------------- */
+#ifdef HAVE_FRAME_API
+
+#define FREE_FRAMES 4
+
+/* The weakref callback of one registered storage: StorageRegistry.register's _died. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *key, *sid, *by_cdata, *cdata_of, *host_sids, *dead;
+} DeathWatch;
+
+static int dw_traverse(DeathWatch *w, visitproc visit, void *arg) {
+    Py_VISIT(w->key); Py_VISIT(w->sid); Py_VISIT(w->by_cdata); Py_VISIT(w->cdata_of);
+    Py_VISIT(w->host_sids); Py_VISIT(w->dead);
+    return 0;
+}
+
+static int dw_clear(DeathWatch *w) {
+    Py_CLEAR(w->key); Py_CLEAR(w->sid); Py_CLEAR(w->by_cdata); Py_CLEAR(w->cdata_of);
+    Py_CLEAR(w->host_sids); Py_CLEAR(w->dead);
+    return 0;
+}
+
+static void dw_dealloc(DeathWatch *w) {
+    PyObject_GC_UnTrack(w);
+    dw_clear(w);
+    Py_TYPE(w)->tp_free((PyObject *)w);
+}
+
+/* Where the last reference went (the `del`, the rebinding, the return that dropped the
+   tensor): one frame when it is the program's, else the program's frames around it. */
+static PyObject *drop_stack(void) {
+    PyFrameObject *f = PyEval_GetFrame();
+    if (f == NULL)
+        return PyTuple_New(0);
+    PyCodeObject *code = PyFrame_GetCode(f);
+    PyObject *v = PyDict_GetItemWithError(st_internal, code->co_filename);
+    Py_DECREF(code);
+    if (v == NULL && PyErr_Occurred())
+        return NULL;
+    if (v == Py_False) {
+        PyObject *e = frame_entry(f);
+        if (e == NULL)
+            return NULL;
+        PyObject *t = PyTuple_Pack(1, e);
+        Py_DECREF(e);
+        return t;
+    }
+    return capture_impl(FREE_FRAMES, 1);
+}
+
+static PyObject *dw_call(PyObject *self, PyObject *args, PyObject *kwargs) {
+    DeathWatch *w = (DeathWatch *)self;
+    PyObject *cur = PyDict_GetItemWithError(w->by_cdata, w->key);
+    if (cur == NULL && PyErr_Occurred())
+        return NULL;
+    if (cur != NULL && PyTuple_Check(cur) && PyTuple_GET_SIZE(cur) > 0) {
+        int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(cur, 0), w->sid, Py_EQ);
+        if (same < 0 || (same && PyDict_DelItem(w->by_cdata, w->key) < 0))
+            return NULL;
+    }
+    PyObject *gone = NULL;
+    if (dict_pop(w->cdata_of, w->sid, &gone) < 0)
+        return NULL;
+    Py_XDECREF(gone);
+    if (PySet_Discard(w->host_sids, w->sid) < 0)
+        return NULL;
+    PyObject *stack = drop_stack();
+    if (stack == NULL)
+        return NULL;
+    PyObject *item = PyTuple_Pack(2, w->sid, stack);
+    Py_DECREF(stack);
+    if (item == NULL)
+        return NULL;
+    PyObject *r = PyObject_CallMethodOneArg(w->dead, s_append, item);
+    Py_DECREF(item);
+    if (r == NULL)
+        return NULL;
+    Py_DECREF(r);
+    Py_RETURN_NONE;
+}
+
+static PyTypeObject DeathWatchType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "racecheck._speedups.DeathWatch",
+    .tp_basicsize = sizeof(DeathWatch),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A registered storage's weakref callback (StorageRegistry.register's _died)",
+    .tp_dealloc = (destructor)dw_dealloc,
+    .tp_traverse = (traverseproc)dw_traverse,
+    .tp_clear = (inquiry)dw_clear,
+    .tp_call = dw_call,
+};
+
+/* StorageRegistry.register, bound to one registry: Registrar(registry)(t, st, host=False) ->
+   (sid, host). The registry's containers are looked up once; its id counter lives here. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *reg, *by_cdata, *cdata_of, *host_sids, *dead, *on_new;
+    long long next;
+} Registrar;
+
+static int rg_traverse(Registrar *r, visitproc visit, void *arg) {
+    Py_VISIT(r->reg); Py_VISIT(r->by_cdata); Py_VISIT(r->cdata_of); Py_VISIT(r->host_sids);
+    Py_VISIT(r->dead); Py_VISIT(r->on_new);
+    return 0;
+}
+
+static int rg_clear(Registrar *r) {
+    Py_CLEAR(r->reg); Py_CLEAR(r->by_cdata); Py_CLEAR(r->cdata_of); Py_CLEAR(r->host_sids);
+    Py_CLEAR(r->dead); Py_CLEAR(r->on_new);
+    return 0;
+}
+
+static void rg_dealloc(Registrar *r) {
+    PyObject_GC_UnTrack(r);
+    rg_clear(r);
+    Py_TYPE(r)->tp_free((PyObject *)r);
+}
+
+static PyObject *rg_register(Registrar *r, PyObject *t, PyObject *st, int host) {
+    PyObject *key = NULL, *sid = NULL, *ref = NULL, *entry = NULL, *nbytes = NULL,
+             *result = NULL;
+    DeathWatch *w = NULL;
+    if (!(key = PyObject_GetAttr(st, s_cdata)))
+        goto done;
+    if (!host) {
+        host = attr_true(r->reg, s_new_are_host);
+        if (host < 0)
+            goto done;
+    }
+    if (!host) {
+        PyObject *host_of = PyObject_GetAttr(r->reg, s_host_of);
+        if (host_of == NULL)
+            goto done;
+        if (host_of != Py_None) {
+            PyObject *v = PyObject_CallOneArg(host_of, t);
+            host = v ? PyObject_IsTrue(v) : -1;
+            Py_XDECREF(v);
+        }
+        Py_DECREF(host_of);
+        if (host < 0)
+            goto done;
+    }
+    if (!(sid = PyLong_FromLongLong(r->next)))
+        goto done;
+    r->next++;
+    if (!(w = PyObject_GC_New(DeathWatch, &DeathWatchType)))
+        goto done;
+    Py_INCREF(key); w->key = key;
+    Py_INCREF(sid); w->sid = sid;
+    Py_INCREF(r->by_cdata); w->by_cdata = r->by_cdata;
+    Py_INCREF(r->cdata_of); w->cdata_of = r->cdata_of;
+    Py_INCREF(r->host_sids); w->host_sids = r->host_sids;
+    Py_INCREF(r->dead); w->dead = r->dead;
+    PyObject_GC_Track(w);
+    if (!(ref = PyWeakref_NewRef(st, (PyObject *)w)))
+        goto done;
+    PyObject *hostb = host ? Py_True : Py_False;
+    if (!(entry = PyTuple_Pack(3, sid, ref, hostb)) || PyDict_SetItem(r->by_cdata, key, entry) < 0 ||
+        PyDict_SetItem(r->cdata_of, sid, key) < 0)
+        goto done;
+    if (host && PySet_Add(r->host_sids, sid) < 0)
+        goto done;
+    if (!(nbytes = PyObject_CallMethodNoArgs(st, s_nbytes)))
+        goto done;
+    PyObject *a[3] = {sid, nbytes, hostb};
+    PyObject *res = PyObject_Vectorcall(r->on_new, a, 3, NULL);
+    if (res == NULL)
+        goto done;
+    Py_DECREF(res);
+    result = PyTuple_Pack(2, sid, hostb);
+done:
+    Py_XDECREF(key); Py_XDECREF(sid); Py_XDECREF(ref); Py_XDECREF(entry); Py_XDECREF(nbytes);
+    Py_XDECREF((PyObject *)w);
+    return result;
+}
+
+static PyObject *rg_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                               PyObject *kwnames) {
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (n < 2 || n > 3 || kwnames != NULL) {
+        PyErr_SetString(PyExc_TypeError, "register(t, st, host=False)");
+        return NULL;
+    }
+    int host = n > 2 ? PyObject_IsTrue(args[2]) : 0;
+    if (host < 0)
+        return NULL;
+    return rg_register((Registrar *)self, args[0], args[1], host);
+}
+
+static PyObject *rg_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *reg;
+    if (!PyArg_ParseTuple(args, "O:Registrar", &reg))
+        return NULL;
+    Registrar *r = (Registrar *)type->tp_alloc(type, 0);
+    if (r == NULL)
+        return NULL;
+    Py_INCREF(reg);
+    r->reg = reg;
+    PyObject *next = PyObject_GetAttr(reg, s_next);
+    r->next = next ? PyLong_AsLongLong(next) : -1;
+    Py_XDECREF(next);
+    if ((r->next == -1 && PyErr_Occurred()) || !(r->by_cdata = PyObject_GetAttr(reg, s_by_cdata)) ||
+        !(r->cdata_of = PyObject_GetAttr(reg, s_cdata_of)) ||
+        !(r->host_sids = PyObject_GetAttr(reg, s_host_sids)) ||
+        !(r->dead = PyObject_GetAttr(reg, s_dead)) || !(r->on_new = PyObject_GetAttr(reg, s_on_new))) {
+        Py_DECREF(r);
+        return NULL;
+    }
+    if (!PyDict_Check(r->by_cdata) || !PyDict_Check(r->cdata_of) || !PyAnySet_Check(r->host_sids)) {
+        PyErr_SetString(PyExc_TypeError, "Registrar: the registry's containers");
+        Py_DECREF(r);
+        return NULL;
+    }
+    r->vectorcall = rg_vectorcall;
+    return (PyObject *)r;
+}
+
+static PyTypeObject RegistrarType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "racecheck._speedups.Registrar",
+    .tp_basicsize = sizeof(Registrar),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "Registrar(registry): StorageRegistry.register in C, bound to the registry",
+    .tp_new = rg_new,
+    .tp_dealloc = (destructor)rg_dealloc,
+    .tp_traverse = (traverseproc)rg_traverse,
+    .tp_clear = (inquiry)rg_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Registrar, vectorcall),
+};
+#endif /* HAVE_FRAME_API */
 
 /* ---- footprints of whole tensors (instrumentation/footprints.py FootprintMaker.of) --------- */
 
@@ -793,8 +1049,15 @@ static PyObject *contiguous_fp(Footprints *f, PyObject *t) {
     if (entry != NULL) {
         Py_INCREF(entry);
     } else if (!PyErr_Occurred()) {
-        PyObject *a[2] = {t, st};
-        entry = PyObject_Vectorcall(f->register_fn, a, 2, NULL);
+#ifdef HAVE_FRAME_API
+        if (Py_TYPE(f->register_fn) == &RegistrarType)
+            entry = rg_register((Registrar *)f->register_fn, t, st, 0);
+        else
+#endif
+        {
+            PyObject *a[2] = {t, st};
+            entry = PyObject_Vectorcall(f->register_fn, a, 2, NULL);
+        }
     }
     Py_DECREF(key);
     Py_DECREF(st);
@@ -949,177 +1212,6 @@ static PyTypeObject FootprintsType = {
 };
 
 
-/* ---- the storage registry (instrumentation/footprints.py StorageRegistry) ------------------- */
-#ifdef HAVE_FRAME_API
-
-#define FREE_FRAMES 4
-
-/* The weakref callback of one registered storage: StorageRegistry.register's _died. */
-typedef struct {
-    PyObject_HEAD
-    PyObject *key, *sid, *by_cdata, *cdata_of, *host_sids, *dead;
-} DeathWatch;
-
-static int dw_traverse(DeathWatch *w, visitproc visit, void *arg) {
-    Py_VISIT(w->key); Py_VISIT(w->sid); Py_VISIT(w->by_cdata); Py_VISIT(w->cdata_of);
-    Py_VISIT(w->host_sids); Py_VISIT(w->dead);
-    return 0;
-}
-
-static int dw_clear(DeathWatch *w) {
-    Py_CLEAR(w->key); Py_CLEAR(w->sid); Py_CLEAR(w->by_cdata); Py_CLEAR(w->cdata_of);
-    Py_CLEAR(w->host_sids); Py_CLEAR(w->dead);
-    return 0;
-}
-
-static void dw_dealloc(DeathWatch *w) {
-    PyObject_GC_UnTrack(w);
-    dw_clear(w);
-    Py_TYPE(w)->tp_free((PyObject *)w);
-}
-
-/* Where the last reference went (the `del`, the rebinding, the return that dropped the
-   tensor): one frame when it is the program's, else the program's frames around it. */
-static PyObject *drop_stack(void) {
-    PyFrameObject *f = PyEval_GetFrame();
-    if (f == NULL)
-        return PyTuple_New(0);
-    PyCodeObject *code = PyFrame_GetCode(f);
-    PyObject *v = PyDict_GetItemWithError(st_internal, code->co_filename);
-    Py_DECREF(code);
-    if (v == NULL && PyErr_Occurred())
-        return NULL;
-    if (v == Py_False) {
-        PyObject *e = frame_entry(f);
-        if (e == NULL)
-            return NULL;
-        PyObject *t = PyTuple_Pack(1, e);
-        Py_DECREF(e);
-        return t;
-    }
-    return capture_impl(FREE_FRAMES, 1);
-}
-
-static PyObject *dw_call(PyObject *self, PyObject *args, PyObject *kwargs) {
-    DeathWatch *w = (DeathWatch *)self;
-    PyObject *cur = PyDict_GetItemWithError(w->by_cdata, w->key);
-    if (cur == NULL && PyErr_Occurred())
-        return NULL;
-    if (cur != NULL && PyTuple_Check(cur) && PyTuple_GET_SIZE(cur) > 0) {
-        int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(cur, 0), w->sid, Py_EQ);
-        if (same < 0 || (same && PyDict_DelItem(w->by_cdata, w->key) < 0))
-            return NULL;
-    }
-    PyObject *gone = NULL;
-    if (dict_pop(w->cdata_of, w->sid, &gone) < 0)
-        return NULL;
-    Py_XDECREF(gone);
-    if (PySet_Discard(w->host_sids, w->sid) < 0)
-        return NULL;
-    PyObject *stack = drop_stack();
-    if (stack == NULL)
-        return NULL;
-    PyObject *item = PyTuple_Pack(2, w->sid, stack);
-    Py_DECREF(stack);
-    if (item == NULL)
-        return NULL;
-    PyObject *r = PyObject_CallMethodOneArg(w->dead, s_append, item);
-    Py_DECREF(item);
-    if (r == NULL)
-        return NULL;
-    Py_DECREF(r);
-    Py_RETURN_NONE;
-}
-
-static PyTypeObject DeathWatchType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "racecheck._speedups.DeathWatch",
-    .tp_basicsize = sizeof(DeathWatch),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "A registered storage's weakref callback (StorageRegistry.register's _died)",
-    .tp_dealloc = (destructor)dw_dealloc,
-    .tp_traverse = (traverseproc)dw_traverse,
-    .tp_clear = (inquiry)dw_clear,
-    .tp_call = dw_call,
-};
-
-/* StorageRegistry.register: register(registry, t, st, host=False) -> (sid, host) */
-static PyObject *c_register(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs < 3 || nargs > 4) {
-        PyErr_SetString(PyExc_TypeError, "register(registry, t, st, host=False)");
-        return NULL;
-    }
-    PyObject *reg = args[0], *t = args[1], *st = args[2];
-    int host = nargs > 3 ? PyObject_IsTrue(args[3]) : 0;
-    if (host < 0)
-        return NULL;
-    PyObject *key = NULL, *next = NULL, *sid = NULL, *by_cdata = NULL, *cdata_of = NULL,
-             *host_sids = NULL, *dead = NULL, *ref = NULL, *entry = NULL, *nbytes = NULL,
-             *result = NULL;
-    DeathWatch *w = NULL;
-    if (!(key = PyObject_GetAttr(st, s_cdata)))
-        goto done;
-    if (!host) {
-        host = attr_true(reg, s_new_are_host);
-        if (host < 0)
-            goto done;
-    }
-    if (!host) {
-        PyObject *host_of = PyObject_GetAttr(reg, s_host_of);
-        if (host_of == NULL)
-            goto done;
-        if (host_of != Py_None) {
-            PyObject *r = PyObject_CallOneArg(host_of, t);
-            host = r ? PyObject_IsTrue(r) : -1;
-            Py_XDECREF(r);
-        }
-        Py_DECREF(host_of);
-        if (host < 0)
-            goto done;
-    }
-    if (!(sid = PyObject_GetAttr(reg, s_next)) || !(next = PyNumber_Add(sid, one)) ||
-        PyObject_SetAttr(reg, s_next, next) < 0)
-        goto done;
-    if (!(by_cdata = PyObject_GetAttr(reg, s_by_cdata)) ||
-        !(cdata_of = PyObject_GetAttr(reg, s_cdata_of)) ||
-        !(host_sids = PyObject_GetAttr(reg, s_host_sids)) || !(dead = PyObject_GetAttr(reg, s_dead)))
-        goto done;
-    if (!(w = PyObject_GC_New(DeathWatch, &DeathWatchType)))
-        goto done;
-    Py_INCREF(key); w->key = key;
-    Py_INCREF(sid); w->sid = sid;
-    Py_INCREF(by_cdata); w->by_cdata = by_cdata;
-    Py_INCREF(cdata_of); w->cdata_of = cdata_of;
-    Py_INCREF(host_sids); w->host_sids = host_sids;
-    Py_INCREF(dead); w->dead = dead;
-    PyObject_GC_Track(w);
-    if (!(ref = PyWeakref_NewRef(st, (PyObject *)w)))
-        goto done;
-    PyObject *hostb = host ? Py_True : Py_False;
-    if (!(entry = PyTuple_Pack(3, sid, ref, hostb)) || PyObject_SetItem(by_cdata, key, entry) < 0 ||
-        PyObject_SetItem(cdata_of, sid, key) < 0)
-        goto done;
-    if (host && PySet_Add(host_sids, sid) < 0)
-        goto done;
-    if (!(nbytes = PyObject_CallMethodNoArgs(st, s_nbytes)))
-        goto done;
-    PyObject *on_new = PyObject_GetAttr(reg, s_on_new);
-    if (on_new == NULL)
-        goto done;
-    PyObject *a[3] = {sid, nbytes, hostb};
-    PyObject *r = PyObject_Vectorcall(on_new, a, 3, NULL);
-    Py_DECREF(on_new);
-    if (r == NULL)
-        goto done;
-    Py_DECREF(r);
-    result = PyTuple_Pack(2, sid, hostb);
-done:
-    Py_XDECREF(key); Py_XDECREF(next); Py_XDECREF(sid); Py_XDECREF(by_cdata);
-    Py_XDECREF(cdata_of); Py_XDECREF(host_sids); Py_XDECREF(dead); Py_XDECREF(ref);
-    Py_XDECREF(entry); Py_XDECREF(nbytes); Py_XDECREF((PyObject *)w);
-    return result;
-}
-#endif /* HAVE_FRAME_API */
 
 /* ---- a device backend's stream lookups (instrumentation/device.py) ------------------------ */
 
@@ -1420,12 +1512,19 @@ static PyObject *plan_call(FastPlan *p, PyObject *func, PyObject *a, PyObject *k
     }
     if (out == NULL)
         goto done;
+    if (!(thread = PyObject_GetAttr(p->tls, s_tid_attr)))
+        goto done;
+    if (thread == Py_None) {
+        Py_DECREF(thread);
+        if (!(thread = PyObject_CallMethodNoArgs(p->sink, s_thread_tid)))
+            goto done;
+    }
     PyObject *extra = NULL;
     if (p->out_mode == 1 && PyObject_TypeCheck(out, (PyTypeObject *)p->tensor)) {
-        if (!p->by_device)
-            alloc_stream = stream;
+        alloc_stream = stream;
+        alloc_thread = thread;
         PyObject *f = plan_fp(p, out);
-        alloc_stream = NULL;
+        alloc_stream = alloc_thread = NULL;
         if (f == NULL)
             goto done;
         if (f == Py_None)
@@ -1437,7 +1536,10 @@ static PyObject *plan_call(FastPlan *p, PyObject *func, PyObject *a, PyObject *k
                 goto done;
         }
     } else if (p->out_mode != 0) {
+        alloc_stream = stream;
+        alloc_thread = thread;
         extra = PyObject_CallOneArg(p->outs, out);
+        alloc_stream = alloc_thread = NULL;
         if (extra == NULL)
             goto done;
         if (!PyTuple_Check(extra)) {
@@ -1472,13 +1574,6 @@ static PyObject *plan_call(FastPlan *p, PyObject *func, PyObject *a, PyObject *k
         PyTuple_SET_ITEM(writes, iw++, f);
     }
     Py_XDECREF(extra);
-    if (!(thread = PyObject_GetAttr(p->tls, s_tid_attr)))
-        goto done;
-    if (thread == Py_None) {
-        Py_DECREF(thread);
-        if (!(thread = PyObject_CallMethodNoArgs(p->sink, s_thread_tid)))
-            goto done;
-    }
     if (!(ev = make_kernel(p, thread, stream, reads, writes, stack)))
         goto done;
     PyObject *r = Py_TYPE(p->emit) == &EmitterType ? em_emit((Emitter *)p->emit, ev)
@@ -1587,6 +1682,729 @@ static int is_native_capture(PyObject *fn) {
 #endif
 }
 
+
+/* ---- the dispatch mode's plans for copy_, views and .item() (interceptor._copy, _view,
+   _scalar_read) ------------------------------------------------------------------------------ */
+
+enum { PLAN_COPY = 1, PLAN_VIEW = 2, PLAN_ITEM = 3 };
+
+/* The common case of each in C, the rest through `slow`, the Python plan (func, args, kwargs),
+   which computes the same footprints again from the tensors' caches. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    int kind;
+    PyObject *slow, *tls, *fp, *capture, *stream_fn, *backend, *call, *execute, *sink, *emit,
+        *kernel_type, *host_sync_type, *name, *tensor, *pending, *born_attr, *wait;
+    int by_device, direct, native_capture;
+    Py_ssize_t skip;
+} SpecialPlan;
+
+#define SP_FIELDS(X) X(slow) X(tls) X(fp) X(capture) X(stream_fn) X(backend) X(call) X(execute) \
+    X(sink) X(emit) X(kernel_type) X(host_sync_type) X(name) X(tensor) X(pending) X(born_attr) X(wait)
+
+static int sp_traverse(SpecialPlan *p, visitproc visit, void *arg) {
+#define V(f) Py_VISIT(p->f);
+    SP_FIELDS(V)
+#undef V
+    return 0;
+}
+
+static int sp_clear(SpecialPlan *p) {
+#define C(f) Py_CLEAR(p->f);
+    SP_FIELDS(C)
+#undef C
+    return 0;
+}
+
+static void sp_dealloc(SpecialPlan *p) {
+    PyObject_GC_UnTrack(p);
+    sp_clear(p);
+    Py_TYPE(p)->tp_free((PyObject *)p);
+}
+
+static PyObject *sp_slow(SpecialPlan *p, PyObject *func, PyObject *a, PyObject *kw) {
+    PyObject *args[3] = {func, a, kw};
+    return PyObject_Vectorcall(p->slow, args, 3, NULL);
+}
+
+static PyObject *sp_stack(SpecialPlan *p) {
+#ifdef HAVE_FRAME_API
+    if (p->native_capture)
+        return capture_impl(6, p->skip);
+#endif
+    return PyObject_CallNoArgs(p->capture);
+}
+
+static PyObject *sp_fp(SpecialPlan *p, PyObject *t) {
+    if (Py_TYPE(p->fp) == &FootprintsType)
+        return fps_of((Footprints *)p->fp, t);
+    return PyObject_CallOneArg(p->fp, t);
+}
+
+static PyObject *sp_emit(SpecialPlan *p, PyObject *ev) {
+    return Py_TYPE(p->emit) == &EmitterType ? em_emit((Emitter *)p->emit, ev)
+                                            : PyObject_CallOneArg(p->emit, ev);
+}
+
+static PyObject *sp_thread(SpecialPlan *p) {
+    PyObject *t = PyObject_GetAttr(p->tls, s_tid_attr);
+    if (t == NULL || t != Py_None)
+        return t;
+    Py_DECREF(t);
+    return PyObject_CallMethodNoArgs(p->sink, s_thread_tid);
+}
+
+static PyObject *sp_call(SpecialPlan *p, PyObject *a, PyObject *kw) {
+    return PyObject_Call(p->call, a, PyDict_GET_SIZE(kw) ? kw : NULL);
+}
+
+/* a device footprint of tensor t (new reference); NULL without an error: take the slow path */
+static PyObject *sp_device_fp(SpecialPlan *p, PyObject *t) {
+    if (!PyObject_TypeCheck(t, (PyTypeObject *)p->tensor))
+        return NULL;
+    PyObject *f = sp_fp(p, t);
+    if (f == NULL || f == Py_None) {
+        Py_XDECREF(f);
+        return NULL;
+    }
+    int h = fp_host(f);
+    if (h != 0) {
+        Py_DECREF(f);
+        return NULL;
+    }
+    return f;
+}
+
+/* Interceptor._copy, device to device outside a capture: Kernel(src -> dst) */
+static PyObject *copy_call(SpecialPlan *p, PyObject *func, PyObject *a, PyObject *kw) {
+    if (PyTuple_GET_SIZE(a) < 2)
+        return sp_slow(p, func, a, kw);
+    PyObject *dst = PyTuple_GET_ITEM(a, 0), *src = PyTuple_GET_ITEM(a, 1);
+    if (!PyObject_TypeCheck(src, (PyTypeObject *)p->tensor))
+        return sp_slow(p, func, a, kw);
+    PyObject *dfp = sp_device_fp(p, dst);
+    if (dfp == NULL)
+        return PyErr_Occurred() ? NULL : sp_slow(p, func, a, kw);
+    PyObject *sfp = sp_device_fp(p, src);
+    if (sfp == NULL) {
+        Py_DECREF(dfp);
+        return PyErr_Occurred() ? NULL : sp_slow(p, func, a, kw);
+    }
+    PyObject *stack = NULL, *thread = NULL, *stream = NULL, *pair = NULL, *reads = NULL,
+             *writes = NULL, *ev = NULL, *result = NULL;
+    PyObject *cap = PyObject_GetAttr(p->tls, s_capture_attr);
+    if (cap == NULL)
+        goto done;
+    Py_DECREF(cap);
+    if (cap != Py_None) {
+        result = sp_slow(p, func, a, kw);
+        goto done;
+    }
+    if (!(stack = sp_stack(p)) || !(thread = sp_thread(p)))
+        goto done;
+    if (p->by_device) {
+        if (!(pair = PyTuple_Pack(2, src, dst)))
+            goto done;
+        PyObject *sargs[2] = {pair, Py_None};
+        stream = Py_TYPE(p->stream_fn) == &StreamOfType ? so_call((StreamOf *)p->stream_fn, sargs, 2)
+                                                        : PyObject_Vectorcall(p->stream_fn, sargs, 2, NULL);
+    } else {
+        stream = Py_TYPE(p->stream_fn) == &StreamOfType ? so_call((StreamOf *)p->stream_fn, NULL, 0)
+                                                        : PyObject_CallNoArgs(p->stream_fn);
+    }
+    if (stream == NULL)
+        goto done;
+    PyObject *hook = PyObject_GetAttr(p->backend, s_before_launch);
+    if (hook == NULL)
+        goto done;
+    if (hook != Py_None) {
+        PyObject *hargs[2] = {stream, p->name};
+        PyObject *r = PyObject_Vectorcall(hook, hargs, 2, NULL);
+        Py_DECREF(hook);
+        if (r == NULL)
+            goto done;
+        Py_DECREF(r);
+    } else {
+        Py_DECREF(hook);
+    }
+    if (!(reads = PyTuple_Pack(1, sfp)) || !(writes = PyTuple_Pack(1, dfp)))
+        goto done;
+    PyObject *names[6] = {s_thread, s_stream, s_reads, s_writes, s_op, s_stack};
+    PyObject *values[6] = {thread, stream, reads, writes, p->name, stack};
+    static Layout L;
+    if (!(ev = new_event(&L, p->kernel_type, names, values, 6)))
+        goto done;
+    PyObject *r = sp_emit(p, ev);
+    if (r == NULL)
+        goto done;
+    Py_DECREF(r);
+    if (p->direct) {
+        result = sp_call(p, a, kw);
+    } else {
+        PyObject *eargs[4] = {stream, func, a, kw};
+        result = PyObject_Vectorcall(p->execute, eargs, 4, NULL);
+    }
+done:
+    Py_DECREF(dfp); Py_DECREF(sfp);
+    Py_XDECREF(stack); Py_XDECREF(thread); Py_XDECREF(stream); Py_XDECREF(pair);
+    Py_XDECREF(reads); Py_XDECREF(writes); Py_XDECREF(ev);
+    return result;
+}
+
+/* Interceptor._view: run it; each output view remembers the trace position it was made at */
+static int set_born(SpecialPlan *p, PyObject *t, PyObject *pos) {
+    if (!PyObject_TypeCheck(t, (PyTypeObject *)p->tensor))
+        return 0;
+    PyObject *d = PyObject_GetAttr(t, s_dict);
+    if (d == NULL)
+        return -1;
+    int rc = PyObject_SetItem(d, p->born_attr, pos);
+    Py_DECREF(d);
+    return rc;
+}
+
+static PyObject *view_call(SpecialPlan *p, PyObject *func, PyObject *a, PyObject *kw) {
+    PyObject *out = sp_call(p, a, kw);
+    if (out == NULL)
+        return NULL;
+    /* Recorder.position: the trace index the next event will have */
+    PyObject *seq = PyObject_GetAttr(p->sink, s_seq);
+    Py_ssize_t n = seq ? PyObject_Length(p->pending) : -1;
+    PyObject *queued = n >= 0 ? PyLong_FromSsize_t(n) : NULL;
+    PyObject *pos = queued ? PyNumber_Add(seq, queued) : NULL;
+    Py_XDECREF(seq);
+    Py_XDECREF(queued);
+    int rc = pos == NULL ? -1 : 0;
+    if (rc == 0) {
+        if (PyObject_TypeCheck(out, (PyTypeObject *)p->tensor))
+            rc = set_born(p, out, pos);
+        else if (PyList_Check(out) || PyTuple_Check(out)) {
+            for (Py_ssize_t k = 0; rc == 0 && k < PySequence_Fast_GET_SIZE(out); k++)
+                rc = set_born(p, PySequence_Fast_ITEMS(out)[k], pos);
+        }
+    }
+    Py_XDECREF(pos);
+    if (rc < 0) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    return out;
+}
+
+/* Interceptor._scalar_read on a device tensor: Kernel(read), then the host waits for its stream */
+static PyObject *item_call(SpecialPlan *p, PyObject *func, PyObject *a, PyObject *kw) {
+    if (PyTuple_GET_SIZE(a) < 1)
+        return sp_slow(p, func, a, kw);
+    PyObject *t = PyTuple_GET_ITEM(a, 0);
+    int checking = attr_true(p->sink, s_checking);
+    if (checking < 0)
+        return NULL;
+    if (!checking || !PyObject_TypeCheck(t, (PyTypeObject *)p->tensor))
+        return sp_slow(p, func, a, kw);
+    PyObject *v = PyObject_GetAttr(p->tls, s_internal);
+    int busy = v == NULL ? -1 : PyObject_IsTrue(v);
+    Py_XDECREF(v);
+    if (busy < 0)
+        return NULL;
+    PyObject *cap = busy ? NULL : PyObject_GetAttr(p->tls, s_capture_attr);
+    if (!busy && cap == NULL)
+        return NULL;
+    Py_XDECREF(cap);
+    if (busy || cap != Py_None)
+        return sp_slow(p, func, a, kw);
+    PyObject *f = sp_device_fp(p, t);
+    if (f == NULL)
+        return PyErr_Occurred() ? NULL : sp_slow(p, func, a, kw);
+    PyObject *stack = NULL, *stream = NULL, *thread = NULL, *reads = NULL, *ev = NULL,
+             *result = NULL;
+    if (!(stack = sp_stack(p)))
+        goto done;
+    stream = Py_TYPE(p->stream_fn) == &StreamOfType ? so_call((StreamOf *)p->stream_fn, NULL, 0)
+                                                    : PyObject_CallNoArgs(p->stream_fn);
+    if (stream == NULL || !(thread = sp_thread(p)) || !(reads = PyTuple_Pack(1, f)))
+        goto done;
+    PyObject *names[6] = {s_thread, s_stream, s_reads, s_writes, s_op, s_stack};
+    PyObject *values[6] = {thread, stream, reads, empty_tuple, p->name, stack};
+    static Layout L;
+    if (!(ev = new_event(&L, p->kernel_type, names, values, 6)))
+        goto done;
+    PyObject *r = sp_emit(p, ev);
+    if (r == NULL)
+        goto done;
+    Py_DECREF(r);
+    Py_CLEAR(ev);
+    if (p->wait != Py_None) {
+        r = PyObject_CallOneArg(p->wait, stream);
+    } else {
+        /* Backend.emit_host_sync("stream", stream): the host waited for the stream */
+        Py_DECREF(thread);
+        if (!(thread = sp_thread(p)))
+            goto done;
+        PyObject *hnames[4] = {s_thread, s_sync_kind, s_target, s_stack};
+        PyObject *hvalues[4] = {thread, s_stream, stream, stack};
+        static Layout H;
+        if (!(ev = new_event(&H, p->host_sync_type, hnames, hvalues, 4)))
+            goto done;
+        r = sp_emit(p, ev);
+    }
+    if (r == NULL)
+        goto done;
+    Py_DECREF(r);
+    result = sp_call(p, a, kw);
+done:
+    Py_DECREF(f);
+    Py_XDECREF(stack); Py_XDECREF(stream); Py_XDECREF(thread); Py_XDECREF(reads); Py_XDECREF(ev);
+    return result;
+}
+
+static PyObject *sp_run(SpecialPlan *p, PyObject *func, PyObject *a, PyObject *kw) {
+    switch (p->kind) {
+    case PLAN_COPY: return copy_call(p, func, a, kw);
+    case PLAN_VIEW: return view_call(p, func, a, kw);
+    default: return item_call(p, func, a, kw);
+    }
+}
+
+static PyObject *sp_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                               PyObject *kwnames) {
+    if (PyVectorcall_NARGS(nargsf) != 3 || kwnames != NULL || !PyTuple_Check(args[1]) ||
+        !PyDict_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "plan(func, args, kwargs)");
+        return NULL;
+    }
+    return sp_run((SpecialPlan *)self, args[0], args[1], args[2]);
+}
+
+static PyObject *sp_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"kind", "slow", "tls", "fp", "capture", "stream_fn", "by_device",
+                             "backend", "call", "direct", "execute", "sink", "emit",
+                             "kernel_type", "host_sync_type", "name", "tensor", "pending",
+                             "born_attr", "wait", "skip", NULL};
+    SpecialPlan *p = (SpecialPlan *)type->tp_alloc(type, 0);
+    if (p == NULL)
+        return NULL;
+    PyObject *o[17] = {NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOOOOOpOOpOOOOOOOOOOn:SpecialPlan", kwlist,
+                                     &p->kind, &o[0], &o[1], &o[2], &o[3], &o[4], &p->by_device,
+                                     &o[5], &o[6], &p->direct, &o[7], &o[8], &o[9], &o[10],
+                                     &o[11], &o[12], &o[13], &o[14], &o[15], &o[16], &p->skip)) {
+        Py_DECREF(p);
+        return NULL;
+    }
+    PyObject **dst[17] = {&p->slow, &p->tls, &p->fp, &p->capture, &p->stream_fn, &p->backend,
+                          &p->call, &p->execute, &p->sink, &p->emit, &p->kernel_type,
+                          &p->host_sync_type, &p->name, &p->tensor, &p->pending, &p->born_attr,
+                          &p->wait};
+    for (int i = 0; i < 17; i++) {
+        Py_INCREF(o[i]);
+        *dst[i] = o[i];
+    }
+    if (p->kind < PLAN_COPY || p->kind > PLAN_ITEM || !PyType_Check(p->tensor) ||
+        !PyType_Check(p->kernel_type)) {
+        PyErr_SetString(PyExc_ValueError, "SpecialPlan: bad kind or types");
+        Py_DECREF(p);
+        return NULL;
+    }
+    p->native_capture = is_native_capture(p->capture);
+    p->vectorcall = sp_vectorcall;
+    return (PyObject *)p;
+}
+
+static PyTypeObject SpecialPlanType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "racecheck._speedups.SpecialPlan",
+    .tp_basicsize = sizeof(SpecialPlan),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "The plan of copy_ (kind 1), a view op (2) or .item() (3): the interceptor's "
+              "_copy, _view and _scalar_read for their common case",
+    .tp_new = sp_new,
+    .tp_dealloc = (destructor)sp_dealloc,
+    .tp_traverse = (traverseproc)sp_traverse,
+    .tp_clear = (inquiry)sp_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(SpecialPlan, vectorcall),
+};
+
+
+/* ---- a device backend's wrappers of Event.record, Event.wait and the graph's replay
+   (instrumentation/device.py DeviceBackend._install_wrappers, without trace callbacks) ---- */
+
+enum { HOOK_RECORD = 1, HOOK_WAIT = 2, HOOK_REPLAY = 3 };
+
+/* Installed as a class attribute in place of the method it wraps (binds like a function); the
+   original runs first (record, wait) or last (replay), the event goes to the sink in between. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    int kind;
+    PyObject *orig, *backend, *globals, *sink, *tls, *mute_tls, *token, *attr, *eids, *tids,
+        *dtype, *handle_attr, *stream_of, *current_tid, *capture, *emit, *event_type,
+        *internal_error, *where;
+    int native_capture;
+} SyncHook;
+
+#define SH_FIELDS(X) X(orig) X(backend) X(globals) X(sink) X(tls) X(mute_tls) X(token) X(attr) \
+    X(eids) X(tids) X(dtype) X(handle_attr) X(stream_of) X(current_tid) X(capture) X(emit)     \
+    X(event_type) X(internal_error) X(where)
+
+static int sh_traverse(SyncHook *h, visitproc visit, void *arg) {
+#define V(f) Py_VISIT(h->f);
+    SH_FIELDS(V)
+#undef V
+    return 0;
+}
+
+static int sh_clear(SyncHook *h) {
+#define C(f) Py_CLEAR(h->f);
+    SH_FIELDS(C)
+#undef C
+    return 0;
+}
+
+static void sh_dealloc(SyncHook *h) {
+    PyObject_GC_UnTrack(h);
+    sh_clear(h);
+    Py_TYPE(h)->tp_free((PyObject *)h);
+}
+
+/* DeviceBackend._live: this backend is the active one, checking, not muted */
+static int sh_live(SyncHook *h) {
+    PyObject *active = PyDict_GetItemWithError(h->globals, s_ACTIVE);
+    if (active == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    if (active != h->backend)
+        return 0;
+    int t = attr_true(h->sink, s_checking);
+    if (t <= 0)
+        return t;
+    PyObject *mute = PyObject_GetAttr(h->mute_tls, s_mute);
+    if (mute == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return -1;
+        PyErr_Clear();
+        return 1;
+    }
+    int m = PyObject_IsTrue(mute);
+    Py_DECREF(mute);
+    return m < 0 ? -1 : !m;
+}
+
+static PyObject *sh_thread(SyncHook *h) {
+    PyObject *t = PyObject_GetAttr(h->tls, s_tid_attr);
+    if (t == NULL || t != Py_None)
+        return t;
+    Py_DECREF(t);
+    return PyObject_CallMethodNoArgs(h->sink, s_thread_tid);
+}
+
+/* DeviceBackend._obj_eid(ev, create): the id this session gave the Event object */
+static PyObject *sh_obj_eid(SyncHook *h, PyObject *ev, int create) {
+    PyObject *d = PyObject_GetAttr(ev, s_dict);
+    if (d == NULL)
+        return NULL;
+    PyObject *got = PyDict_Check(d) ? PyDict_GetItemWithError(d, h->attr) : NULL;
+    if (got == NULL && PyErr_Occurred()) {
+        Py_DECREF(d);
+        return NULL;
+    }
+    if (got != NULL && PyTuple_Check(got) && PyTuple_GET_SIZE(got) == 2 &&
+        PyTuple_GET_ITEM(got, 0) == h->token) {
+        PyObject *eid = PyTuple_GET_ITEM(got, 1);
+        Py_INCREF(eid);
+        Py_DECREF(d);
+        return eid;
+    }
+    if (!create) {
+        Py_DECREF(d);
+        Py_RETURN_NONE;
+    }
+    PyObject *eid = PyObject_CallMethodNoArgs(h->sink, s_new_event_id);
+    PyObject *pair = eid ? PyTuple_Pack(2, h->token, eid) : NULL;
+    if (pair == NULL || PyObject_SetItem(d, h->attr, pair) < 0)
+        Py_CLEAR(eid);
+    Py_XDECREF(pair);
+    Py_DECREF(d);
+    return eid;
+}
+
+/* DeviceBackend._eid_of(ev): by the runtime handle once the event has one */
+static PyObject *sh_eid_of(SyncHook *h, PyObject *ev) {
+    PyObject *hd = PyObject_GetAttr(ev, h->handle_attr);
+    if (hd == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return NULL;
+        PyErr_Clear();
+        return sh_obj_eid(h, ev, 1);
+    }
+    int has = PyObject_IsTrue(hd);
+    if (has <= 0) {
+        Py_DECREF(hd);
+        return has < 0 ? NULL : sh_obj_eid(h, ev, 1);
+    }
+    PyObject *eid = PyDict_GetItemWithError(h->eids, hd);
+    if (eid != NULL) {
+        Py_INCREF(eid);
+        Py_DECREF(hd);
+        return eid;
+    }
+    if (PyErr_Occurred()) {
+        Py_DECREF(hd);
+        return NULL;
+    }
+    eid = sh_obj_eid(h, ev, 0);
+    if (eid == Py_None) {
+        Py_DECREF(eid);
+        eid = PyObject_CallMethodNoArgs(h->sink, s_new_event_id);
+    }
+    if (eid != NULL && PyDict_SetItem(h->eids, hd, eid) < 0)
+        Py_CLEAR(eid);
+    Py_DECREF(hd);
+    return eid;
+}
+
+/* record_tid(stream): the current stream's timeline, or DeviceBackend.stream_of(stream) (a
+   known stream of this device type looked up here, anything else in Python) */
+static PyObject *sh_stream_tid(SyncHook *h, PyObject *stream) {
+    if (stream == Py_None)
+        return Py_TYPE(h->current_tid) == &StreamOfType ? so_call((StreamOf *)h->current_tid, NULL, 0)
+                                                        : PyObject_CallNoArgs(h->current_tid);
+    PyObject *sid = PyObject_GetAttr(stream, s_stream_id);
+    PyObject *dev = sid ? PyObject_GetAttr(stream, s_device_index) : NULL;
+    PyObject *dt = dev ? PyObject_GetAttr(stream, s_device_type) : NULL;
+    PyObject *tid = NULL;
+    if (dt != NULL && PyLong_CheckExact(sid) && PyLong_CheckExact(dev) && PyLong_CheckExact(dt)) {
+        int same = PyObject_RichCompareBool(dt, h->dtype, Py_EQ);
+        if (same > 0) {
+            PyObject *key = PyTuple_Pack(3, sid, dev, h->dtype);
+            tid = key ? PyDict_GetItemWithError(h->tids, key) : NULL;
+            Py_XINCREF(tid);
+            Py_XDECREF(key);
+        }
+    }
+    Py_XDECREF(sid);
+    Py_XDECREF(dev);
+    Py_XDECREF(dt);
+    if (tid != NULL)
+        return tid;
+    PyErr_Clear();
+    return PyObject_CallOneArg(h->stream_of, stream);
+}
+
+static PyObject *sh_stack(SyncHook *h) {
+#ifdef HAVE_FRAME_API
+    if (h->native_capture)
+        return capture_impl(6, 1);
+#endif
+    PyObject *args[2] = {PyLong_FromLong(6), PyLong_FromLong(1)};
+    PyObject *r = args[0] && args[1] ? PyObject_Vectorcall(h->capture, args, 2, NULL) : NULL;
+    Py_XDECREF(args[0]);
+    Py_XDECREF(args[1]);
+    return r;
+}
+
+static int sh_emit(SyncHook *h, PyObject *const *names, PyObject *const *values, int n,
+                   Layout *L) {
+    PyObject *ev = new_event(L, h->event_type, names, values, n);
+    if (ev == NULL)
+        return -1;
+    PyObject *r = Py_TYPE(h->emit) == &EmitterType ? em_emit((Emitter *)h->emit, ev)
+                                                   : PyObject_CallOneArg(h->emit, ev);
+    Py_DECREF(ev);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+/* the event of a record or wait (any error is racecheck's: reported, the program goes on) */
+static void sh_report(SyncHook *h, PyObject *ev, PyObject *stream) {
+    PyObject *thread = NULL, *eid = NULL, *tid = NULL, *stack = NULL;
+    int rc = -1;
+    if (!(thread = sh_thread(h)))
+        goto done;
+    if (h->kind == HOOK_RECORD) {
+        /* EventRecord(thread, _obj_eid(ev), record_tid(stream), capture()) */
+        if (!(eid = sh_obj_eid(h, ev, 1)) || !(tid = sh_stream_tid(h, stream)) ||
+            !(stack = sh_stack(h)))
+            goto done;
+        PyObject *names[4] = {s_thread, s_event, s_stream, s_stack};
+        PyObject *values[4] = {thread, eid, tid, stack};
+        static Layout L;
+        rc = sh_emit(h, names, values, 4, &L);
+    } else {
+        /* StreamWaitEvent(thread, record_tid(stream), _eid_of(ev), capture()) */
+        if (!(tid = sh_stream_tid(h, stream)) || !(eid = sh_eid_of(h, ev)) ||
+            !(stack = sh_stack(h)))
+            goto done;
+        PyObject *names[4] = {s_thread, s_stream, s_event, s_stack};
+        PyObject *values[4] = {thread, tid, eid, stack};
+        static Layout L;
+        rc = sh_emit(h, names, values, 4, &L);
+    }
+done:
+    Py_XDECREF(thread); Py_XDECREF(eid); Py_XDECREF(tid); Py_XDECREF(stack);
+    if (rc < 0) {
+        PyObject *et, *ev_, *tb;
+        PyErr_Fetch(&et, &ev_, &tb);
+        PyErr_NormalizeException(&et, &ev_, &tb);
+        if (ev_ != NULL) {
+            PyObject *a[2] = {ev_, h->where};
+            PyObject *r = PyObject_Vectorcall(h->internal_error, a, 2, NULL);
+            Py_XDECREF(r);
+            PyErr_Clear();
+        }
+        Py_XDECREF(et);
+        Py_XDECREF(ev_);
+        Py_XDECREF(tb);
+    }
+}
+
+static PyObject *sh_call(SyncHook *h, PyObject *obj, PyObject *stream) {
+    if (h->kind == HOOK_REPLAY) {
+        PyObject *d = PyObject_GetAttr(obj, s_dict);
+        if (d == NULL)
+            return NULL;
+        PyObject *got = PyDict_Check(d) ? PyDict_GetItemWithError(d, h->attr) : NULL;
+        Py_XINCREF(got);
+        Py_DECREF(d);
+        if (got == NULL && PyErr_Occurred())
+            return NULL;
+        int live = sh_live(h);
+        if (live < 0) {
+            Py_XDECREF(got);
+            return NULL;
+        }
+        if (live && got != NULL && PyTuple_Check(got) && PyTuple_GET_SIZE(got) == 2 &&
+            PyTuple_GET_ITEM(got, 0) == h->token) {
+            PyObject *tid = sh_stream_tid(h, Py_None), *thread = NULL, *stack = NULL;
+            int rc = tid == NULL ? -1 : 0;
+            if (rc == 0) {
+                PyObject *hook = PyObject_GetAttr(h->backend, s_before_launch);
+                if (hook == NULL)
+                    rc = -1;
+                else if (hook != Py_None) {
+                    PyObject *hargs[2] = {tid, s_graph_replay};
+                    PyObject *r = PyObject_Vectorcall(hook, hargs, 2, NULL);
+                    rc = r == NULL ? -1 : 0;
+                    Py_XDECREF(r);
+                }
+                Py_XDECREF(hook);
+            }
+            if (rc == 0 && (!(thread = sh_thread(h)) || !(stack = sh_stack(h))))
+                rc = -1;
+            if (rc == 0) {
+                /* GraphReplay(thread, gid, tid, capture()) */
+                PyObject *names[4] = {s_thread, s_graph, s_stream, s_stack};
+                PyObject *values[4] = {thread, PyTuple_GET_ITEM(got, 1), tid, stack};
+                static Layout L;
+                rc = sh_emit(h, names, values, 4, &L);
+            }
+            Py_XDECREF(tid); Py_XDECREF(thread); Py_XDECREF(stack);
+            if (rc < 0) {
+                Py_DECREF(got);
+                return NULL;
+            }
+        }
+        Py_XDECREF(got);
+        return PyObject_CallOneArg(h->orig, obj);
+    }
+    PyObject *args[2] = {obj, stream};
+    PyObject *out = PyObject_Vectorcall(h->orig, args, 2, NULL);
+    if (out == NULL)
+        return NULL;
+    int live = sh_live(h);
+    if (live < 0) {
+        PyErr_Clear();
+        live = 0;
+    }
+    if (live) {
+        PyObject *cap = PyObject_GetAttr(h->tls, s_capture_attr);
+        if (cap == NULL)
+            PyErr_Clear();
+        else if (cap == Py_None)
+            sh_report(h, obj, stream);
+        Py_XDECREF(cap);
+    }
+    return out;
+}
+
+static PyObject *sh_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                               PyObject *kwnames) {
+    SyncHook *h = (SyncHook *)self;
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    PyObject *stream = Py_None;
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    int max = h->kind == HOOK_REPLAY ? 1 : 2;
+    if (n < 1 || n > max || nkw > (max - n) ||
+        (nkw == 1 && PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "stream") != 0)) {
+        /* an unusual call: the original method says what is wrong with it */
+        return PyObject_Vectorcall(h->orig, args, nargsf, kwnames);
+    }
+    if (n == 2)
+        stream = args[1];
+    else if (nkw == 1)
+        stream = args[1];
+    return sh_call(h, args[0], stream);
+}
+
+static PyObject *sh_descr_get(PyObject *self, PyObject *obj, PyObject *type) {
+    if (obj == NULL || obj == Py_None) {
+        Py_INCREF(self);
+        return self;
+    }
+    return PyMethod_New(self, obj);
+}
+
+static PyObject *sh_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"kind", "orig", "backend", "globals", "sink", "tls", "mute_tls",
+                             "token", "attr", "eids", "tids", "dtype", "handle_attr", "stream_of",
+                             "current_tid", "capture", "emit", "event_type", "internal_error",
+                             "where", NULL};
+    SyncHook *h = (SyncHook *)type->tp_alloc(type, 0);
+    if (h == NULL)
+        return NULL;
+    PyObject *o[19] = {NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOOO!OOOOOO!O!OOOOOOOOO:SyncHook", kwlist,
+                                     &h->kind, &o[0], &o[1], &PyDict_Type, &o[2], &o[3], &o[4],
+                                     &o[5], &o[6], &o[7], &PyDict_Type, &o[8], &PyDict_Type,
+                                     &o[9], &o[10], &o[11], &o[12], &o[13], &o[14], &o[15],
+                                     &o[16], &o[17], &o[18])) {
+        Py_DECREF(h);
+        return NULL;
+    }
+    PyObject **dst[19] = {&h->orig, &h->backend, &h->globals, &h->sink, &h->tls, &h->mute_tls,
+                          &h->token, &h->attr, &h->eids, &h->tids, &h->dtype, &h->handle_attr,
+                          &h->stream_of, &h->current_tid, &h->capture, &h->emit, &h->event_type,
+                          &h->internal_error, &h->where};
+    for (int i = 0; i < 19; i++) {
+        Py_INCREF(o[i]);
+        *dst[i] = o[i];
+    }
+    if (h->kind < HOOK_RECORD || h->kind > HOOK_REPLAY || !PyType_Check(h->event_type)) {
+        PyErr_SetString(PyExc_ValueError, "SyncHook: bad kind or event type");
+        Py_DECREF(h);
+        return NULL;
+    }
+    h->native_capture = is_native_capture(h->capture);
+    h->vectorcall = sh_vectorcall;
+    return (PyObject *)h;
+}
+
+static PyTypeObject SyncHookType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "racecheck._speedups.SyncHook",
+    .tp_basicsize = sizeof(SyncHook),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "A device backend's Event.record (kind 1), Event.wait (2) or graph replay (3) "
+              "wrapper, in C",
+    .tp_new = sh_new,
+    .tp_dealloc = (destructor)sh_dealloc,
+    .tp_traverse = (traverseproc)sh_traverse,
+    .tp_clear = (inquiry)sh_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_descr_get = sh_descr_get,
+    .tp_vectorcall_offset = offsetof(SyncHook, vectorcall),
+};
+
 /* ---- the dispatch mode's entry (instrumentation/interceptor.py Interceptor.__torch_dispatch__) */
 
 /* Bound to the mode as its `__torch_dispatch__` (types.MethodType): torch calls it with (mode,
@@ -1682,6 +2500,8 @@ static PyObject *dp_run(Dispatch *d, PyObject *func, PyObject *a, PyObject *kw) 
     }
     if (Py_TYPE(plan) == &FastPlanType)
         return plan_call((FastPlan *)plan, func, a, kw);
+    if (Py_TYPE(plan) == &SpecialPlanType)
+        return sp_run((SpecialPlan *)plan, func, a, kw);
     return PyObject_Vectorcall(plan, cargs, 3, NULL);
 }
 
@@ -1791,8 +2611,6 @@ static PyTypeObject DispatchType = {
 
 static PyMethodDef methods[] = {
 #ifdef HAVE_FRAME_API
-    {"register", (PyCFunction)(void (*)(void))c_register, METH_FASTCALL,
-     "register(registry, t, st, host=False): as StorageRegistry.register"},
     {"stack_setup", (PyCFunction)stack_setup, METH_VARARGS,
      "stack_setup(internal, offsets, last, inside, last_limit): share stacks.py's caches"},
     {"capture", (PyCFunction)(void (*)(void))capture, METH_FASTCALL | METH_KEYWORDS,
@@ -1809,20 +2627,29 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         return NULL;
     if (PyType_Ready(&FastPlanType) < 0 || PyType_Ready(&EmitterType) < 0 ||
         PyType_Ready(&FootprintsType) < 0 || PyType_Ready(&StreamOfType) < 0 ||
-        PyType_Ready(&AllocEmitterType) < 0 || PyType_Ready(&DispatchType) < 0)
+        PyType_Ready(&AllocEmitterType) < 0 || PyType_Ready(&DispatchType) < 0 ||
+        PyType_Ready(&SpecialPlanType) < 0 || PyType_Ready(&SyncHookType) < 0)
         return NULL;
 #ifdef HAVE_FRAME_API
-    if (PyType_Ready(&DeathWatchType) < 0)
+    if (PyType_Ready(&DeathWatchType) < 0 || PyType_Ready(&RegistrarType) < 0)
         return NULL;
 #endif
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    PyTypeObject *types[6] = {&FastPlanType, &EmitterType, &FootprintsType, &StreamOfType,
-                              &AllocEmitterType, &DispatchType};
-    const char *names[6] = {"FastPlan", "Emitter", "Footprints", "StreamOf", "AllocEmitter",
-                            "Dispatch"};
-    for (int i = 0; i < 6; i++) {
+#ifdef HAVE_FRAME_API
+    Py_INCREF(&RegistrarType);
+    if (PyModule_AddObject(m, "Registrar", (PyObject *)&RegistrarType) < 0) {
+        Py_DECREF(&RegistrarType);
+        Py_DECREF(m);
+        return NULL;
+    }
+#endif
+    PyTypeObject *types[8] = {&FastPlanType, &EmitterType, &FootprintsType, &StreamOfType,
+                              &AllocEmitterType, &DispatchType, &SpecialPlanType, &SyncHookType};
+    const char *names[8] = {"FastPlan", "Emitter", "Footprints", "StreamOf", "AllocEmitter",
+                            "Dispatch", "SpecialPlan", "SyncHook"};
+    for (int i = 0; i < 8; i++) {
         Py_INCREF(types[i]);
         if (PyModule_AddObject(m, names[i], (PyObject *)types[i]) < 0) {
             Py_DECREF(types[i]);

@@ -84,6 +84,23 @@ def run_case(ctx, cid):
     return (got == expected and not rc.internal_errors), detail
 
 
+def case_trace(ctx, cid, c_path: bool):
+    """The case's recorded trace and findings (JSON), with racecheck's C code on or off."""
+    import json as _json
+    import re
+    from racecheck import native
+    was = native.speedups is not None
+    native.use(c_path)
+    try:
+        with ctx.session(record_trace=True) as rc:
+            keep = EXPECTED[cid][0](ctx.dm(rc), ctx.device)  # noqa: F841
+    finally:
+        native.use(was)
+    events = [_json.loads(re.sub(r"Thread-\d+", "Thread-N", _json.dumps(e.to_json())))
+              for e in rc.trace.events]
+    return events, [f.to_json() for f in rc.findings]
+
+
 # -- backend checks (generic over the device module) ------------------------------------------------
 
 CHECKS: dict = {}
@@ -500,6 +517,15 @@ def worker(selected) -> dict:
             except Exception:
                 ok, detail = False, traceback.format_exc()
             out["cases"][variant][cid] = {"ok": ok, "detail": detail}
+            if variant == "wrappers":
+                # the device backend's C code (plans, wrappers) against the Python it ports
+                try:
+                    (ce, cf), (pe, pf) = [case_trace(ctx, cid, on) for on in (True, False)]
+                    same = ce == pe and cf == pf
+                    detail = "" if same else f"C path trace/findings differ:\n{ce}\n{pe}\n{cf}\n{pf}"
+                except Exception:
+                    same, detail = False, traceback.format_exc()
+                out.setdefault("native", {})[cid] = {"ok": same, "detail": detail}
         for name, (fn, devices) in CHECKS.items():
             if "npu" not in devices or (selected and name not in selected):
                 continue
@@ -531,6 +557,14 @@ def results():
 @pytest.mark.parametrize("case", sorted(EXPECTED))
 def test_public_case_on_npu_standin(results, variant, case):
     r = results["cases"][variant][case]
+    assert r["ok"], r["detail"]
+
+
+@pytest.mark.parametrize("case", sorted(EXPECTED))
+def test_device_backend_c_path_records_the_python_trace(results, case):
+    """On the device backend's wrapper path, the C plans and wrappers record the same trace and
+    findings as the Python they port."""
+    r = results["native"][case]
     assert r["ok"], r["detail"]
 
 
