@@ -24,6 +24,7 @@ import pstats
 import statistics
 import sys
 import time
+import weakref
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -106,6 +107,10 @@ def statement_costs(torch, make_modes, rounds=5, iters=2000) -> list:
     return list(times.items())
 
 
+def _nothing(_ref) -> None:
+    pass
+
+
 def _primitives(torch, iters=20000):
     """µs per call of the C calls the backend makes per op (this machine's CPU)."""
     x = torch.zeros(1024, device="cuda")
@@ -117,6 +122,9 @@ def _primitives(torch, iters=20000):
         "t.data_ptr()": x.data_ptr,
         "t.untyped_storage()._cdata": lambda: x.untyped_storage()._cdata,
         "torch.empty_like (alloc+free)": lambda: torch.empty_like(x),
+        # what registering a new storage adds: its Python storage object, a weak reference
+        "empty_like + untyped_storage()": lambda: torch.empty_like(x).untyped_storage(),
+        "empty_like + storage weakref": lambda: weakref.ref(torch.empty_like(x).untyped_storage(), _nothing),
         "x.add_(1)": lambda: x.add_(1),
     }
     out = {}
@@ -225,16 +233,24 @@ def main(argv=None) -> int:
         finally:
             native.use(was)
 
+    @contextlib.contextmanager
+    def checking_off():
+        """racecheck's dispatch entry and wrappers with checking off: what it costs to be there"""
+        with racecheck.session(device="cuda", callbacks=False) as rc:
+            rc.recorder.checking = False
+            yield rc
+
     statements = []
     if args.statements:
         statements = statement_costs(torch, {
-            "plain": None, "noop-mode": NoopMode,
+            "plain": None, "noop-mode": NoopMode, "racecheck-off": checking_off,
             "racecheck": lambda: racecheck.session(device="cuda", callbacks=False)},
             rounds=2 if args.quick else 5, iters=500 if args.quick else 2000)
-        print(f"{'statement':34s} {'plain':>8s} {'noop':>8s} {'racecheck':>10s} {'+ over noop':>12s}  (µs per call)")
+        print(f"{'statement':34s} {'plain':>8s} {'noop':>8s} {'rc off':>8s} {'racecheck':>10s} "
+              f"{'+ over noop':>12s}  (µs per call; rc off: racecheck with checking off)")
         for name, t in statements:
-            print(f"{name:34s} {t['plain']:8.2f} {t['noop-mode']:8.2f} {t['racecheck']:10.2f} "
-                  f"{t['racecheck'] - t['noop-mode']:+12.2f}", flush=True)
+            print(f"{name:34s} {t['plain']:8.2f} {t['noop-mode']:8.2f} {t['racecheck-off']:8.2f} "
+                  f"{t['racecheck']:10.2f} {t['racecheck'] - t['noop-mode']:+12.2f}", flush=True)
     configs = ["plain", "noop-mode", "racecheck"] + (["racecheck-py"] if native.built else [])
     samples: dict = {}
     for _ in range(rounds):

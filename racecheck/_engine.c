@@ -524,6 +524,7 @@ typedef struct {
     int window;
     int64_t seq;
     int done;                   /* exported: the Python checker owns the state now */
+    int running;                /* inside a handler */
     TL *tls;
     int ntl, tl_cap;
     Map tl_of;                  /* tid -> timeline index + 1 */
@@ -2398,6 +2399,37 @@ static const Handler HANDLERS[E_N] = {
     on_alloc, on_free, on_record_stream, on_capture, on_replay, on_name_tensor,
     on_stale_tolerant, on_name_timeline};
 
+/* One event: 1 handled, 0 left to the Python checker (nothing changed, not counted), 2 the
+   engine is already inside an event (re-entered from the Python a cold handler calls), -1 error
+   (counted, as Checker.process counts an event whose handler raised). */
+static int process_one(Engine *e, PyObject *ev) {
+    if (e->done)
+        return 0;
+    if (e->running)
+        return 2;
+    int k = kind_of(e, ev);
+    if (k < 0)
+        return 0;
+    PyObject *op = NULL, *stack = NULL;
+    int sited = e->nunsited && (k == E_KERNEL || k == E_COPY || k == E_HOST_ACCESS);
+    if (sited) {
+        op = field(e, k, ev, F_OP);
+        stack = field(e, k, ev, F_STACK);
+        if (op == NULL || stack == NULL || !PySequence_Check(stack))
+            return 0;
+    }
+    e->nfps = e->nivs = 0;
+    e->running = 1;
+    int r = HANDLERS[k](e, ev, e->seq);
+    e->running = 0;
+    if (r == HANDOVER)
+        return 0;
+    e->seq++;
+    if (r < 0 || (sited && assign_sites(e, op, stack) < 0))
+        return -1;
+    return 1;
+}
+
 /* process_all(iterator): None when every event was handled, else the first event the engine
    leaves to the Python checker (not counted; the iterator is left just past it). */
 static PyObject *eng_process_all(Engine *e, PyObject *it) {
@@ -2412,27 +2444,16 @@ static PyObject *eng_process_all(Engine *e, PyObject *it) {
                 return NULL;
             Py_RETURN_NONE;
         }
-        int k = kind_of(e, ev);
-        if (k < 0)
+        int r = process_one(e, ev);
+        if (r == 0)
             return ev;
-        PyObject *op = NULL, *stack = NULL;
-        int sited = e->nunsited && (k == E_KERNEL || k == E_COPY || k == E_HOST_ACCESS);
-        if (sited) {
-            op = field(e, k, ev, F_OP);
-            stack = field(e, k, ev, F_STACK);
-            if (op == NULL || stack == NULL || !PySequence_Check(stack))
-                return ev;
-        }
-        e->nfps = e->nivs = 0;
-        int r = HANDLERS[k](e, ev, e->seq);
-        if (r == HANDOVER)
-            return ev;
-        e->seq++;
-        if (r < 0 || (sited && assign_sites(e, op, stack) < 0)) {
-            Py_DECREF(ev);
+        Py_DECREF(ev);
+        if (r < 0)
+            return NULL;
+        if (r == 2) {
+            PyErr_SetString(PyExc_RuntimeError, "the engine was re-entered");
             return NULL;
         }
-        Py_DECREF(ev);
     }
 }
 
