@@ -11,7 +11,9 @@ before shared tensors are consumed, a few deliberately unsynchronized shared acc
 race path and its dedup are exercised), occasional host syncs and host reads of pinned buffers.
 
 Throughput is measured without tracemalloc, on a pre-built event list (trace construction is not
-timed). Peak memory is measured in a second run with tracemalloc on, feeding events from a
+timed), for the Python Checker and, side by side, for the checker `racecheck check` and sessions
+use (`new_checker()`: the C engine where built, which hands over to the Python checker at the
+first event that could make a finding; the "engine until" column says where). Peak memory is measured in a second run with tracemalloc on, feeding events from a
 generator so that only the checker's own state counts; the top allocation sites show whether
 anything grows with run length.
 """
@@ -28,6 +30,7 @@ import tracemalloc
 sys.path.insert(0, os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")))
 
 from racecheck.checker import Checker  # noqa: E402
+from racecheck.engine import new_checker  # noqa: E402
 from racecheck.trace import (Copy, EventRecord, Footprint, HostAccess, HostSync, Kernel,  # noqa: E402
                              NameTensor, NameTimeline, StreamWaitEvent, StreamWaitStream,
                              Trace)
@@ -161,13 +164,13 @@ def _mb(n) -> str:
     return f"{n / 2**20:.1f} MiB"
 
 
-def time_check(events, repeat=1):
+def time_check(events, repeat=1, make=Checker):
     """Best (wall seconds, cpu seconds, checker) over `repeat` runs."""
     best = best_cpu = None
     checker = None
     for _ in range(repeat):
         gc.collect()
-        checker = Checker()
+        checker = make()
         t0, c0 = time.perf_counter(), time.process_time()
         checker.process_all(events)
         dt, dc = time.perf_counter() - t0, time.process_time() - c0
@@ -199,18 +202,25 @@ def bench_sizes(sizes, streams, seed, repeat):
     print("accesses/s: wall clock; cpu/s: the same over process CPU time (steadier on a busy "
           "machine)")
     print(f"{'accesses':>10} {'events':>9} {'seconds':>8} {'accesses/s':>11} {'cpu/s':>9} "
+          f"{'new_checker/s':>13} {'engine until':>12} "
           f"{'findings':>8} {'segments':>8} {'peak mem':>10}  top allocation sites (size, count)")
     for n in sizes:
         events = list(synthetic(n, streams, seed))
         acc = count_accesses(events)
-        dt, dc, checker = time_check(events, repeat or (3 if n <= 200_000 else 1))
+        runs = repeat or (3 if n <= 200_000 else 1)
+        dt, dc, checker = time_check(events, runs)
         st = checker.stats()
+        ndt, _ndc, fast = time_check(events, runs, new_checker)
+        until = getattr(fast, "handed_over_at", None)
+        until = "end" if until is None and not isinstance(fast, Checker) else \
+            ("-" if until is None else f"event {until}")
         del events
         gc.collect()
         _cur, peak, sites, _c = memory_check(synthetic(n, streams, seed))
         site_text = "; ".join(f"{s} {_mb(sz)}/{cnt}" for s, sz, cnt in sites)
         print(f"{acc:>10} {st['events']:>9} {dt:>8.2f} {acc / dt:>11,.0f} "
-              f"{acc / dc if dc else float('inf'):>9,.0f} {st['findings']:>8} "
+              f"{acc / dc if dc else float('inf'):>9,.0f} {acc / ndt:>13,.0f} {until:>12} "
+              f"{st['findings']:>8} "
               f"{st['segments']:>8} {_mb(peak):>10}  {site_text}", flush=True)
 
 

@@ -37,8 +37,8 @@ def _workloads(torch):
     return {"ops": _ops_step(torch), "decode": step, "graph": graph_factory()}
 
 
-def _time(fn, iters, torch):
-    for _ in range(10):
+def _time(fn, iters, torch, warmup=10):
+    for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     t = time.perf_counter()
@@ -91,14 +91,7 @@ def statement_costs(torch, make_modes, rounds=5, iters=2000) -> list:
                 cm.__enter__()
             try:
                 for name, fn in _statements(torch).items():
-                    for _ in range(50):
-                        fn()
-                    torch.cuda.synchronize()
-                    t = time.perf_counter()
-                    for _ in range(iters):
-                        fn()
-                    torch.cuda.synchronize()
-                    us = (time.perf_counter() - t) / iters * 1e6
+                    us = _time(fn, iters, torch, warmup=50)
                     cur = times.setdefault(name, {})
                     cur[config] = min(us, cur.get(config, us))
             finally:
@@ -155,12 +148,13 @@ CATEGORIES = (
 )
 
 
-# racecheck's C hot path (racecheck/_speedups.c), where cProfile sees it: a C function called
-# from Python code. Called from C (a FastPlan's stack capture, the checker handlers the C
-# process_all calls) it is invisible and counts for its Python caller: the dispatch mode's
-# __torch_dispatch__ holds the whole C plan of an op, the recorder the C checker.
+# racecheck's C code, where cProfile sees it: a C function or method called from Python code.
+# Called from C (a plan's stack capture, the dispatch entry calling a plan) it is invisible and
+# counts for its caller: torch's C++ dispatch holds the C entry and plans of an op, the recorder
+# the checker's engine.
 C_CATEGORIES = (("_speedups.capture", "stack capture"),
-                ("_speedups.", "checker (shadow memory, clocks)"))
+                ("_engine.", "checker (shadow memory, clocks)"),
+                ("_speedups.", "dispatch mode, op plans"))
 
 
 def _category(filename: str) -> str:
@@ -182,7 +176,7 @@ def breakdown(stats: pstats.Stats) -> list:
         if filename != "~":
             cat = _category(filename)
             sums[cat] = sums.get(cat, 0.0) + tt
-        elif "_speedups." in name:
+        elif "_speedups." in name or "_engine." in name:
             cat = next(c for pat, c in C_CATEGORIES if pat in name)
             sums[cat] = sums.get(cat, 0.0) + tt
         elif "torch" in name:

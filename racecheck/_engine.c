@@ -136,6 +136,25 @@ static void *map_del(Map *m, int64_t key) {
     }
 }
 
+/* The entry of key, a zeroed block of `size` bytes made when there is none (*made says so) */
+static void *map_make(Map *m, int64_t key, size_t size, int *made) {
+    void *v = map_get(m, key);
+    *made = 0;
+    if (v != NULL)
+        return v;
+    v = PyMem_Calloc(1, size);
+    if (v == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    if (map_put(m, key, v, NULL) < 0) {
+        PyMem_Free(v);
+        return NULL;
+    }
+    *made = 1;
+    return v;
+}
+
 static void map_free(Map *m) {
     PyMem_Free(m->e);
     m->e = NULL;
@@ -146,6 +165,26 @@ static void map_free(Map *m) {
     for (Py_ssize_t k_##i = 0; k_##i < (m)->cap; k_##i++)                              \
         if ((m)->e[k_##i].val != NULL && (m)->e[k_##i].val != TOMB &&                  \
             ((k_ = (m)->e[k_##i].key), (void)k_, (v_ = (m)->e[k_##i].val), 1))
+
+/* Room for `need` elements of `size` bytes in the array *v of capacity *cap (doubling, at least
+   `first`): 0, or -1 with MemoryError. */
+static int reserve(void **v, int *cap, int need, size_t size, int first) {
+    if (need <= *cap)
+        return 0;
+    int n = *cap ? 2 * *cap : first;
+    while (n < need)
+        n *= 2;
+    void *p = PyMem_Realloc(*v, size * (size_t)n);
+    if (p == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *v = p;
+    *cap = n;
+    return 0;
+}
+
+#define RESERVE(arr, cap, need, first) reserve((void **)&(arr), &(cap), (need), sizeof(*(arr)), (first))
 
 /* A Python int as int64: 1 ok, 0 not an int that fits (no exception left). */
 static inline int as_i64(PyObject *o, int64_t *out) {
@@ -577,16 +616,8 @@ static int tl_index(Engine *e, int64_t tid) {
 
 /* A new timeline for tid (Checker._new_host / _new_stream); its index, or -1 on error. */
 static int tl_new(Engine *e, PyObject *tid, int64_t ti, int is_host) {
-    if (e->ntl == e->tl_cap) {
-        int cap = e->tl_cap ? 2 * e->tl_cap : 8;
-        TL *t = PyMem_Realloc(e->tls, sizeof(TL) * (size_t)cap);
-        if (t == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        e->tls = t;
-        e->tl_cap = cap;
-    }
+    if (RESERVE(e->tls, e->tl_cap, e->ntl + 1, 8) < 0)
+        return -1;
     int i = e->ntl;
     TL *t = &e->tls[i];
     memset(t, 0, sizeof(TL));
@@ -609,16 +640,8 @@ static int tl_new(Engine *e, PyObject *tid, int64_t ti, int is_host) {
     } else {
         if (vc_set(&t->vc, i, 0) < 0)
             return -1;
-        if (e->nstreams == e->streams_cap) {
-            int cap = e->streams_cap ? 2 * e->streams_cap : 8;
-            int *s = PyMem_Realloc(e->streams, sizeof(int) * (size_t)cap);
-            if (s == NULL) {
-                PyErr_NoMemory();
-                return -1;
-            }
-            e->streams = s;
-            e->streams_cap = cap;
-        }
+        if (RESERVE(e->streams, e->streams_cap, e->nstreams + 1, 8) < 0)
+            return -1;
         e->streams[e->nstreams++] = i;
     }
     if (map_put(&e->tl_of, ti, (void *)(intptr_t)(i + 1), NULL) < 0)
@@ -710,16 +733,8 @@ static int remember_noop(TL *t, PyObject *event, int64_t seq, PyObject *stack, i
             break;
         }
     }
-    if (t->noop_n == t->noop_cap) {
-        int cap = t->noop_cap ? 2 * t->noop_cap : 4;
-        Noop *n = PyMem_Realloc(t->noop, sizeof(Noop) * (size_t)cap);
-        if (n == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        t->noop = n;
-        t->noop_cap = cap;
-    }
+    if (RESERVE(t->noop, t->noop_cap, t->noop_n + 1, 4) < 0)
+        return -1;
     Py_INCREF(event);
     Py_INCREF(stack);
     t->noop[t->noop_n++] = (Noop){event, seq, stack, host};
@@ -735,21 +750,7 @@ static int remember_noop(TL *t, PyObject *event, int64_t seq, PyObject *stack, i
 
 /* ---- interval lists (shadow.py) --------------------------------------------------------- */
 
-static int ivl_reserve(IVL *l, int n) {
-    if (n <= l->cap)
-        return 0;
-    int cap = l->cap ? 2 * l->cap : 4;
-    while (cap < n)
-        cap *= 2;
-    IV *v = PyMem_Realloc(l->v, sizeof(IV) * (size_t)cap);
-    if (v == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    l->v = v;
-    l->cap = cap;
-    return 0;
-}
+static int ivl_reserve(IVL *l, int n) { return RESERVE(l->v, l->cap, n, 4); }
 
 /* iv_add: l ∪ [lo, hi), merging touching intervals as the Python does */
 static int ivl_add(IVL *l, int64_t lo, int64_t hi) {
@@ -869,16 +870,8 @@ static int seg_set_read(Seg *s, int tl, Rec *rec) {
             return 0;
         }
     }
-    if (s->nr == s->cap) {
-        int cap = s->cap ? 2 * s->cap : 2;
-        Rd *r = PyMem_Realloc(s->r, sizeof(Rd) * (size_t)cap);
-        if (r == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        s->r = r;
-        s->cap = cap;
-    }
+    if (RESERVE(s->r, s->cap, s->nr + 1, 2) < 0)
+        return -1;
     rec_incref(rec);
     s->r[s->nr++] = (Rd){tl, rec};
     return 0;
@@ -918,21 +911,12 @@ static Shadow *shadow_get(Engine *e, int64_t st) { return map_get(&e->shadows, s
 
 /* Checker._new_shadow (the readers list is looked up when written, see fresh_readers) */
 static Shadow *shadow_make(Engine *e, PyObject *storage, int64_t st) {
-    Shadow *sh = map_get(&e->shadows, st);
-    if (sh != NULL)
-        return sh;
-    sh = PyMem_Calloc(1, sizeof(Shadow));
-    if (sh == NULL) {
-        PyErr_NoMemory();
-        return NULL;
-    }
-    Py_INCREF(storage);
-    sh->storage = storage;
-    sh->st = st;
-    if (map_put(&e->shadows, st, sh, NULL) < 0) {
-        Py_DECREF(storage);
-        PyMem_Free(sh);
-        return NULL;
+    int made;
+    Shadow *sh = map_make(&e->shadows, st, sizeof(Shadow), &made);
+    if (sh != NULL && made) {
+        Py_INCREF(storage);
+        sh->storage = storage;
+        sh->st = st;
     }
     return sh;
 }
@@ -1111,16 +1095,8 @@ static void shadow_collapse(Shadow *sh, int i, int j, Rec *rec) {
 /* ---- footprints -------------------------------------------------------------------------- */
 
 static int scratch_iv(Engine *e, int64_t lo, int64_t hi) {
-    if (e->nivs == e->ivs_cap) {
-        int cap = e->ivs_cap ? 2 * e->ivs_cap : 64;
-        IV *v = PyMem_Realloc(e->ivs, sizeof(IV) * (size_t)cap);
-        if (v == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        e->ivs = v;
-        e->ivs_cap = cap;
-    }
+    if (RESERVE(e->ivs, e->ivs_cap, e->nivs + 1, 64) < 0)
+        return -1;
     e->ivs[e->nivs++] = (IV){lo, hi};
     return 0;
 }
@@ -1163,16 +1139,8 @@ static int parse_fp(Engine *e, PyObject *fp) {
             return -1;
     }
     v.nr = (int)n;
-    if (e->nfps == e->fps_cap) {
-        int cap = e->fps_cap ? 2 * e->fps_cap : 16;
-        FPv *f = PyMem_Realloc(e->fps, sizeof(FPv) * (size_t)cap);
-        if (f == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        e->fps = f;
-        e->fps_cap = cap;
-    }
+    if (RESERVE(e->fps, e->fps_cap, e->nfps + 1, 16) < 0)
+        return -1;
     e->fps[e->nfps++] = v;
     return 1;
 }
@@ -1214,33 +1182,9 @@ static int rc007_candidate(Engine *e, const Rec *w, int64_t born) {
     return gr != NULL && gr->first_replay != NONE_I64 && gr->first_replay < born;
 }
 
-/* Checker._read / _read_span would note nothing: 1, else 0 */
-static int read_clean(Engine *e, const FPv *f, const VC *vc, int cur_host) {
-    Shadow *sh = shadow_get(e, f->st);
-    if (sh == NULL || sh->n == 0)
-        return 1;
-    for (int q = 0; q < f->nr; q++) {
-        int64_t lo = e->ivs[f->r0 + q].lo, hi = e->ivs[f->r0 + q].hi;
-        if (lo >= hi)
-            continue;
-        int k = bisect_b(sh, lo, 0);
-        if (k > 0 && (k >= nbounds(sh) || sh->bounds[k] > lo))
-            k--;
-        for (; k < sh->n && sh->bounds[k] < hi; k++) {
-            if (sh->bounds[k + 1] <= lo)
-                continue;
-            Seg *s = &sh->segs[k];
-            if (s->gap || s->w == NULL)
-                continue;
-            if (conflicts(s->w, vc, cur_host) || rc007_candidate(e, s->w, f->born))
-                return 0;
-        }
-    }
-    return 1;
-}
-
-/* Checker._write / _write_span would note nothing: 1, else 0 */
-static int write_clean(Engine *e, const FPv *f, const VC *vc, int cur_host) {
+/* Checker._read / _read_span (write 0) or _write / _write_span (write 1) would note nothing on
+   footprint f: 1, else 0. Every segment under each range counts (splitting one copies its state). */
+static int access_clean(Engine *e, const FPv *f, const VC *vc, int cur_host, int write) {
     Shadow *sh = shadow_get(e, f->st);
     if (sh == NULL || sh->n == 0)
         return 1;
@@ -1257,14 +1201,23 @@ static int write_clean(Engine *e, const FPv *f, const VC *vc, int cur_host) {
             Seg *s = &sh->segs[k];
             if (s->gap)
                 continue;
-            if (s->w && conflicts(s->w, vc, cur_host))
+            if (s->w != NULL && (conflicts(s->w, vc, cur_host) ||
+                                 (!write && rc007_candidate(e, s->w, f->born))))
                 return 0;
-            for (int m = 0; m < s->nr; m++)
+            for (int m = 0; write && m < s->nr; m++)
                 if (conflicts(s->r[m].rec, vc, cur_host))
                     return 0;
         }
     }
     return 1;
+}
+
+static inline int read_clean(Engine *e, const FPv *f, const VC *vc, int cur_host) {
+    return access_clean(e, f, vc, cur_host, 0);
+}
+
+static inline int write_clean(Engine *e, const FPv *f, const VC *vc, int cur_host) {
+    return access_clean(e, f, vc, cur_host, 1);
 }
 
 /* ---- the updates (Checker._read/_read_span/_write/_write_span, nothing noted) ------------- */
@@ -1389,20 +1342,11 @@ static int all_clean(Engine *e, int rfirst, int rcount, int wfirst, int wcount, 
 static Block *block_get(Engine *e, int64_t b) { return map_get(&e->blocks, b); }
 
 static Block *block_make(Engine *e, PyObject *blk, int64_t b) {
-    Block *bl = map_get(&e->blocks, b);
-    if (bl != NULL)
-        return bl;
-    bl = PyMem_Calloc(1, sizeof(Block));
-    if (bl == NULL) {
-        PyErr_NoMemory();
-        return NULL;
-    }
-    Py_INCREF(blk);
-    bl->block = blk;
-    if (map_put(&e->blocks, b, bl, NULL) < 0) {
-        Py_DECREF(blk);
-        PyMem_Free(bl);
-        return NULL;
+    int made;
+    Block *bl = map_make(&e->blocks, b, sizeof(Block), &made);
+    if (bl != NULL && made) {
+        Py_INCREF(blk);
+        bl->block = blk;
     }
     return bl;
 }
@@ -1715,16 +1659,8 @@ static int on_alloc(Engine *e, PyObject *ev, int64_t seq) {
     Py_XSETREF(bl->stream, stream);
     bl->has_alloc = 1;
     bl->host = ishost;
-    if (e->nunsited == e->unsited_cap) {
-        int cap = e->unsited_cap ? 2 * e->unsited_cap : 8;
-        PyObject **u = PyMem_Realloc(e->unsited, sizeof(PyObject *) * (size_t)cap);
-        if (u == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        e->unsited = u;
-        e->unsited_cap = cap;
-    }
+    if (RESERVE(e->unsited, e->unsited_cap, e->nunsited + 1, 8) < 0)
+        return -1;
     Py_INCREF(blk);
     e->unsited[e->nunsited++] = blk;
     Shadow *sh = map_del(&e->shadows, b);
@@ -1953,26 +1889,12 @@ static GInput *graph_input(Graph *gr, PyObject *storage, int64_t st) {
 }
 
 static int readers_add(Engine *e, int64_t st, int64_t g, GInput *inp) {
-    Readers *rd = readers_get(e, st);
-    if (rd == NULL) {
-        rd = PyMem_Calloc(1, sizeof(Readers));
-        if (rd == NULL || map_put(&e->readers, st, rd, NULL) < 0) {
-            PyMem_Free(rd);
-            if (!PyErr_Occurred())
-                PyErr_NoMemory();
-            return -1;
-        }
-    }
-    if (rd->n == rd->cap) {
-        int cap = rd->cap ? 2 * rd->cap : 2;
-        Reader *v = PyMem_Realloc(rd->v, sizeof(Reader) * (size_t)cap);
-        if (v == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        rd->v = v;
-        rd->cap = cap;
-    }
+    int made;
+    Readers *rd = map_make(&e->readers, st, sizeof(Readers), &made);
+    if (rd == NULL)
+        return -1;
+    if (RESERVE(rd->v, rd->cap, rd->n + 1, 2) < 0)
+        return -1;
     inp->refs++;
     rd->v[rd->n++] = (Reader){g, inp};
     return 0;
@@ -2042,16 +1964,9 @@ static int on_capture(Engine *e, PyObject *ev, int64_t seq) {
                     break;
                 }
             if (ok == 1 && (inp->nops == 0 || inp->ops[inp->nops - 1] != (int)k)) {
-                if (inp->nops == inp->ops_cap) {
-                    int cap = inp->ops_cap ? 2 * inp->ops_cap : 4;
-                    int *v = PyMem_Realloc(inp->ops, sizeof(int) * (size_t)cap);
-                    if (v == NULL) {
-                        PyErr_NoMemory();
-                        ok = -1;
-                        break;
-                    }
-                    inp->ops = v;
-                    inp->ops_cap = cap;
+                if (RESERVE(inp->ops, inp->ops_cap, inp->nops + 1, 4) < 0) {
+                    ok = -1;
+                    break;
                 }
                 inp->ops[inp->nops++] = (int)k;
             }

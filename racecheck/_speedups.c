@@ -1368,6 +1368,33 @@ static PyObject *fallback(FastPlan *p, PyObject *func, PyObject *a, PyObject *kw
     return PyObject_Vectorcall(p->kernel, args, 4, NULL);
 }
 
+/* The stream an op runs on: the backend's lookup (by the op's tensors' device, or the current
+   stream), called in C where it is a StreamOf; args (the op's arguments) only when by_device */
+static PyObject *op_stream(PyObject *fn, int by_device, PyObject *args, PyObject *kw) {
+    if (by_device) {
+        PyObject *sargs[2] = {args, kw};
+        return Py_TYPE(fn) == &StreamOfType ? so_call((StreamOf *)fn, sargs, 2)
+                                            : PyObject_Vectorcall(fn, sargs, 2, NULL);
+    }
+    return Py_TYPE(fn) == &StreamOfType ? so_call((StreamOf *)fn, NULL, 0) : PyObject_CallNoArgs(fn);
+}
+
+/* backend.before_launch(stream, op), where one is set (delay plans): 0, or -1 on error */
+static int before_launch(PyObject *backend, PyObject *stream, PyObject *op) {
+    PyObject *hook = PyObject_GetAttr(backend, s_before_launch);
+    if (hook == NULL)
+        return -1;
+    int rc = 0;
+    if (hook != Py_None) {
+        PyObject *hargs[2] = {stream, op};
+        PyObject *r = PyObject_Vectorcall(hook, hargs, 2, NULL);
+        rc = r == NULL ? -1 : 0;
+        Py_XDECREF(r);
+    }
+    Py_DECREF(hook);
+    return rc;
+}
+
 /* f.host of a footprint made by the maker (a plain slot read where the class has it) */
 static int fp_host(PyObject *f) {
     static Layout L;
@@ -1481,29 +1508,9 @@ static PyObject *plan_call(FastPlan *p, PyObject *func, PyObject *a, PyObject *k
 #endif
     if (!(stack = PyObject_CallNoArgs(p->capture)))
         goto done;
-    if (p->by_device) {
-        PyObject *sargs[2] = {a, kw};
-        stream = Py_TYPE(p->stream_fn) == &StreamOfType ? so_call((StreamOf *)p->stream_fn, sargs, 2)
-                                                        : PyObject_Vectorcall(p->stream_fn, sargs, 2, NULL);
-    } else {
-        stream = Py_TYPE(p->stream_fn) == &StreamOfType ? so_call((StreamOf *)p->stream_fn, NULL, 0)
-                                                        : PyObject_CallNoArgs(p->stream_fn);
-    }
-    if (stream == NULL)
+    stream = op_stream(p->stream_fn, p->by_device, a, kw);
+    if (stream == NULL || before_launch(p->backend, stream, p->name) < 0)
         goto done;
-    PyObject *hook = PyObject_GetAttr(p->backend, s_before_launch);
-    if (hook == NULL)
-        goto done;
-    if (hook != Py_None) {
-        PyObject *hargs[2] = {stream, p->name};
-        PyObject *r = PyObject_Vectorcall(hook, hargs, 2, NULL);
-        Py_DECREF(hook);
-        if (r == NULL)
-            goto done;
-        Py_DECREF(r);
-    } else {
-        Py_DECREF(hook);
-    }
     if (p->direct) {
         out = PyObject_Call(p->call, a, PyDict_GET_SIZE(kw) ? kw : NULL);
     } else {
@@ -1803,31 +1810,12 @@ static PyObject *copy_call(SpecialPlan *p, PyObject *func, PyObject *a, PyObject
     }
     if (!(stack = sp_stack(p)) || !(thread = sp_thread(p)))
         goto done;
-    if (p->by_device) {
-        if (!(pair = PyTuple_Pack(2, src, dst)))
-            goto done;
-        PyObject *sargs[2] = {pair, Py_None};
-        stream = Py_TYPE(p->stream_fn) == &StreamOfType ? so_call((StreamOf *)p->stream_fn, sargs, 2)
-                                                        : PyObject_Vectorcall(p->stream_fn, sargs, 2, NULL);
-    } else {
-        stream = Py_TYPE(p->stream_fn) == &StreamOfType ? so_call((StreamOf *)p->stream_fn, NULL, 0)
-                                                        : PyObject_CallNoArgs(p->stream_fn);
-    }
-    if (stream == NULL)
+    /* the source's device decides the stream (interceptor._copy looks at (src, dst)) */
+    if (p->by_device && !(pair = PyTuple_Pack(2, src, dst)))
         goto done;
-    PyObject *hook = PyObject_GetAttr(p->backend, s_before_launch);
-    if (hook == NULL)
+    stream = op_stream(p->stream_fn, p->by_device, pair, Py_None);
+    if (stream == NULL || before_launch(p->backend, stream, p->name) < 0)
         goto done;
-    if (hook != Py_None) {
-        PyObject *hargs[2] = {stream, p->name};
-        PyObject *r = PyObject_Vectorcall(hook, hargs, 2, NULL);
-        Py_DECREF(hook);
-        if (r == NULL)
-            goto done;
-        Py_DECREF(r);
-    } else {
-        Py_DECREF(hook);
-    }
     if (!(reads = PyTuple_Pack(1, sfp)) || !(writes = PyTuple_Pack(1, dfp)))
         goto done;
     PyObject *names[6] = {s_thread, s_stream, s_reads, s_writes, s_op, s_stack};
@@ -1920,8 +1908,7 @@ static PyObject *item_call(SpecialPlan *p, PyObject *func, PyObject *a, PyObject
              *result = NULL;
     if (!(stack = sp_stack(p)))
         goto done;
-    stream = Py_TYPE(p->stream_fn) == &StreamOfType ? so_call((StreamOf *)p->stream_fn, NULL, 0)
-                                                    : PyObject_CallNoArgs(p->stream_fn);
+    stream = op_stream(p->stream_fn, 0, NULL, NULL);
     if (stream == NULL || !(thread = sp_thread(p)) || !(reads = PyTuple_Pack(1, f)))
         goto done;
     PyObject *names[6] = {s_thread, s_stream, s_reads, s_writes, s_op, s_stack};
@@ -2167,8 +2154,7 @@ static PyObject *sh_eid_of(SyncHook *h, PyObject *ev) {
    known stream of this device type looked up here, anything else in Python) */
 static PyObject *sh_stream_tid(SyncHook *h, PyObject *stream) {
     if (stream == Py_None)
-        return Py_TYPE(h->current_tid) == &StreamOfType ? so_call((StreamOf *)h->current_tid, NULL, 0)
-                                                        : PyObject_CallNoArgs(h->current_tid);
+        return op_stream(h->current_tid, 0, NULL, NULL);
     PyObject *sid = PyObject_GetAttr(stream, s_stream_id);
     PyObject *dev = sid ? PyObject_GetAttr(stream, s_device_index) : NULL;
     PyObject *dt = dev ? PyObject_GetAttr(stream, s_device_type) : NULL;
@@ -2276,19 +2262,7 @@ static PyObject *sh_call(SyncHook *h, PyObject *obj, PyObject *stream) {
         if (live && got != NULL && PyTuple_Check(got) && PyTuple_GET_SIZE(got) == 2 &&
             PyTuple_GET_ITEM(got, 0) == h->token) {
             PyObject *tid = sh_stream_tid(h, Py_None), *thread = NULL, *stack = NULL;
-            int rc = tid == NULL ? -1 : 0;
-            if (rc == 0) {
-                PyObject *hook = PyObject_GetAttr(h->backend, s_before_launch);
-                if (hook == NULL)
-                    rc = -1;
-                else if (hook != Py_None) {
-                    PyObject *hargs[2] = {tid, s_graph_replay};
-                    PyObject *r = PyObject_Vectorcall(hook, hargs, 2, NULL);
-                    rc = r == NULL ? -1 : 0;
-                    Py_XDECREF(r);
-                }
-                Py_XDECREF(hook);
-            }
+            int rc = tid == NULL ? -1 : before_launch(h->backend, tid, s_graph_replay);
             if (rc == 0 && (!(thread = sh_thread(h)) || !(stack = sh_stack(h))))
                 rc = -1;
             if (rc == 0) {
