@@ -177,6 +177,27 @@ def check_second_device_streams(ctx):
 
 
 @check()
+def check_outputs_allocated_on_the_ops_stream(ctx):
+    """A new output's storage comes from the caching allocator of its op's device and stream: an
+    op on device 1 while device 0 is current allocates on device 1's stream (not the current
+    device's)."""
+    if ctx.device_count() < 2:
+        return "skipped: one device"
+    with ctx.session(record_trace=True) as rc:
+        x1 = torch.ones(8, device=ctx.dev(1))
+        ctx.dm(rc).synchronize(1)
+        y1 = x1 * 2                        # noqa: F841
+    from racecheck.trace import Alloc, Kernel
+    events = list(rc.trace.events)
+    mul = next(e for e in events if isinstance(e, Kernel) and e.op == "mul")
+    out = mul.writes[0].storage
+    alloc = next(e for e in events if isinstance(e, Alloc) and e.block == out)
+    assert alloc.stream == mul.stream, (alloc, mul)
+    assert rc.timeline_name(mul.stream) == f"{ctx.device}:1 default", rc.timeline_name(mul.stream)
+    _clean(rc)
+
+
+@check()
 def check_event_query_is_acquire(ctx):
     with ctx.session() as rc:
         dm = ctx.dm(rc)
