@@ -10,9 +10,9 @@
    leaves C; a racy one is reported by the reference code, from its first finding on.
 
    Every handler below names the Checker method it ports. Each event is handled in two steps:
-   `check_*` reads the state and says whether the event can be handled here (it mutates nothing
-   but what the Python handler would also do first and idempotently: creating the timelines it
-   names and joining the launch edge), and the apply step mutates. */
+   the `*_clean` checks read the state and say whether the event can be handled here (nothing is
+   changed before them but what the Python handler also does first and idempotently: creating
+   the timelines the event names and joining the launch edge), then the update. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>

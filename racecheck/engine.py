@@ -14,7 +14,6 @@ engine was built and the C path is on (racecheck.native), else the Python Checke
 from __future__ import annotations
 
 import itertools
-from collections import deque
 
 from . import native, trace
 from .checker import (Checker, _Ctx, _CtxFree, _Graph, _GraphInput, _Name, _NoopWait, _Recorded,
@@ -31,7 +30,7 @@ def _kit() -> dict:
     kit.update(Footprint=trace.Footprint, CapturedOp=trace.CapturedOp, _Timeline=_Timeline,
                StorageShadow=StorageShadow, _Ctx=_Ctx, _CtxFree=_CtxFree, _Recorded=_Recorded,
                _NoopWait=_NoopWait, _Graph=_Graph, _GraphInput=_GraphInput, _Replay=_Replay,
-               _Name=_Name, iv_add=iv_add, deque=deque)
+               _Name=_Name, iv_add=iv_add)
     return kit
 
 
