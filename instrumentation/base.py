@@ -183,7 +183,7 @@ class Backend(abc.ABC):
         thread = self.tls.tid
         if thread is None:
             thread = s.thread_tid()
-        stream = self.footprints.registry.alloc_stream
+        stream = self.tls.alloc_stream
         if stream is None:
             stream = self.current_stream_tid()
         s.emit(Alloc(thread, sid, stream, nbytes, host, ()))

@@ -45,9 +45,6 @@ class StorageRegistry:
         self.host_sids: set = set()
         self.new_are_host = False        # storages first seen now are host memory (host ops)
         self.host_of = None              # backend's classifier for storages first seen (cuda: t.is_cpu)
-        # while an op's outputs are registered: the op's stream, which the allocator took their
-        # memory from (None: the current stream)
-        self.alloc_stream = None
         fast = native.speedups
         if fast is not None and hasattr(fast, "Registrar") \
                 and type(self).register is StorageRegistry.register:

@@ -422,15 +422,15 @@ class Interceptor(TorchDispatchMode):
 
     def _outputs(self, oc, out, stream, writes) -> None:
         """The footprints of an op's outputs, their new storages allocated on the op's stream."""
-        reg = self.maker.registry
-        reg.alloc_stream = stream
+        tls = self.backend.tls
+        tls.alloc_stream = stream
         try:
             for t in iter_out_tensors(oc, out):
                 f = self.fp(t)
                 if f is not None:
                     writes.append(f)
         finally:
-            reg.alloc_stream = None
+            tls.alloc_stream = None
 
     # -- queued executors (sim's adversarial executor) ------------------------------------------
 
@@ -496,7 +496,6 @@ def _fast_kernel(icp: Interceptor, oc, func):
         return _native_plan(fast, icp, oc, func)
     env = {
         "s": s, "b": backend, "tls": backend.tls, "fp": icp.fp, "tok": icp.maker.token, "attr": CACHE_ATTR,
-        "reg": icp.maker.registry,
         "tensor": torch.Tensor, "oc": oc, "names": _plan_names(oc), "name": oc.name,
         "kernel": icp._kernel, "pinned": icp._pinned_factory if oc.has_pin_memory else None,
         "capture": stacks.capture, "current": backend.current_stream_tid,
@@ -614,7 +613,7 @@ def _plan_source(oc, direct: bool, by_device: bool) -> str:
                 f"        writes = _present({', '.join(writes)})"]
     # new output storages are allocated on the op's stream (Interceptor._outputs)
     if oc.out_roles == (WRITE,):
-        src += ["    reg.alloc_stream = stream",
+        src += ["    tls.alloc_stream = stream",
                 "    try:",
                 "        if isinstance(out, tensor):",
                 "            f = fp(out)",
@@ -623,13 +622,13 @@ def _plan_source(oc, direct: bool, by_device: bool) -> str:
                 "        else:",
                 "            writes += _present(*map(fp, iter_out_tensors(oc, out)))",
                 "    finally:",
-                "        reg.alloc_stream = None"]
+                "        tls.alloc_stream = None"]
     elif WRITE in oc.out_roles:
-        src += ["    reg.alloc_stream = stream",
+        src += ["    tls.alloc_stream = stream",
                 "    try:",
                 "        writes += _present(*map(fp, iter_out_tensors(oc, out)))",
                 "    finally:",
-                "        reg.alloc_stream = None"]
+                "        tls.alloc_stream = None"]
     src += ["    thread = tls.tid",
             "    if thread is None:",
             "        thread = s.thread_tid()",

@@ -22,7 +22,7 @@
 
 /* ---- interned attribute names ------------------------------------------------------------ */
 
-static PyObject *s_ACTIVE, *s_mute, *s_new_event_id, *s_event, *s_graph, *s_graph_replay, *s_stream_id, *s_device_index, *s_device_type, *s_footprints, *s_registry, *s_alloc_stream, *s_checking, *s_seq, *s_internal, *s_sync_kind, *s_target, *s_thread, *s_stream, *s_reads, *s_writes, *s_storage, *s_ranges, *s_born,
+static PyObject *s_ACTIVE, *s_mute, *s_new_event_id, *s_event, *s_graph, *s_graph_replay, *s_stream_id, *s_device_index, *s_device_type, *s_alloc_stream, *s_checking, *s_seq, *s_internal, *s_sync_kind, *s_target, *s_thread, *s_stream, *s_reads, *s_writes, *s_storage, *s_ranges, *s_born,
     *s_append, *s_capture_attr, *s_tid_attr, *s_before_launch, *s_host, *s_data_ptr, *s_dict,
     *s_pin_memory, *s_op, *s_stack, *s_thread_tid, *s_block, *s_unresolved, *s_liveness, *s_dead,
     *s_busy, *s_flush_pending, *s_numel, *s_is_contiguous, *s_untyped_storage, *s_cdata,
@@ -36,7 +36,7 @@ static int intern_all(void) {
     I(s_ACTIVE, "_ACTIVE"); I(s_mute, "mute"); I(s_new_event_id, "new_event_id"); I(s_event, "event");
     I(s_graph, "graph"); I(s_graph_replay, "graph_replay"); I(s_stream_id, "stream_id");
     I(s_device_index, "device_index"); I(s_device_type, "device_type");
-    I(s_footprints, "footprints"); I(s_registry, "registry"); I(s_alloc_stream, "alloc_stream");
+    I(s_alloc_stream, "alloc_stream");
     I(s_checking, "checking"); I(s_seq, "seq"); I(s_internal, "internal");
     I(s_sync_kind, "sync_kind"); I(s_target, "target");
     I(s_thread, "thread"); I(s_stream, "stream"); I(s_reads, "reads"); I(s_writes, "writes");
@@ -622,9 +622,10 @@ static PyTypeObject EmitterType = {
     .tp_vectorcall_offset = offsetof(Emitter, vectorcall),
 };
 
-/* While a C plan registers its op's outputs (borrowed; NULL otherwise): the op's stream, where
-   the allocator took their memory from (Interceptor._outputs), and the issuing host timeline. */
-static PyObject *alloc_stream = NULL, *alloc_thread = NULL;
+/* While a C plan registers its op's outputs on this thread (borrowed; NULL otherwise): the op's
+   stream, where the allocator took their memory from (Interceptor._outputs), and the issuing
+   host timeline. */
+static _Thread_local PyObject *alloc_stream = NULL, *alloc_thread = NULL;
 
 /* Backend._on_new_storage: AllocEmitter(sink, tls, backend, Alloc)(sid, nbytes, host) */
 typedef struct {
@@ -665,13 +666,9 @@ static PyObject *ae_vectorcall(PyObject *self, PyObject *const *args, size_t nar
     if (stream != NULL)
         Py_INCREF(stream);
     else {
-        /* Backend._on_new_storage: the registry's alloc_stream (a Python plan registering an
-           op's outputs), else the current stream */
-        PyObject *fps = PyObject_GetAttr(a->backend, s_footprints);
-        PyObject *reg = fps ? PyObject_GetAttr(fps, s_registry) : NULL;
-        stream = reg ? PyObject_GetAttr(reg, s_alloc_stream) : NULL;
-        Py_XDECREF(fps);
-        Py_XDECREF(reg);
+        /* Backend._on_new_storage: tls.alloc_stream (a Python plan registering an op's outputs),
+           else the current stream */
+        stream = PyObject_GetAttr(a->tls, s_alloc_stream);
         if (stream == Py_None) {
             Py_DECREF(stream);
             stream = PyObject_CallMethodNoArgs(a->backend, s_current_stream_tid);

@@ -25,11 +25,14 @@ class ThreadState(threading.local):
     """Per host thread; class defaults keep lookups free of AttributeError (slow) on the hot path.
 
     `tid` is the thread's host timeline; `capture` the graph being captured on this thread (set by
-    the backend); `internal` > 0 while racecheck itself reads tensors (not host reads)."""
+    the backend); `internal` > 0 while racecheck itself reads tensors (not host reads);
+    `alloc_stream` the stream of the op whose new outputs are being registered (the allocator
+    took their memory there; None: the current stream)."""
 
     tid = None
     capture = None
     internal = 0
+    alloc_stream = None
 
 
 class _Unresolved:
