@@ -32,6 +32,9 @@ class Sink(Protocol):
     lock: object            # an RLock held while events are ordered and checked
     tls: object             # thread-local: .tid (host timeline), .capture, .internal
     dead: object            # deque of (storage id, stack) that died and are not reported yet
+    seq: int                # events taken off the queue so far
+    queue: object           # deque of the events emitted and not checked yet (position is
+                            # seq + len(queue): what C plans read without a Python call)
 
     def emit(self, event) -> None: ...
     def emit_pending(self, event, resolve: Callable) -> None: ...

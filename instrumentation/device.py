@@ -551,21 +551,9 @@ class DeviceBackend(Backend):
             """Events the runtime reports itself once created: the wrapper covers the rest."""
             return lambda ev: not (getattr(ev, EH, 0) and kind in traced)
 
-        fast = native.speedups
-        if fast is not None and not traced:
-            # the same wrappers in C (racecheck/_speedups.c SyncHook)
-            def hooked(kind, event_type, where):
-                def make(orig):
-                    return fast.SyncHook(
-                        kind=kind, orig=orig, backend=b, globals=globals(), sink=b.sink,
-                        tls=b.tls, mute_tls=b._tls, token=b._token, attr=_EID_ATTR, eids=b._eids,
-                        tids=b._tids, dtype=b._dtype, handle_attr=EH, stream_of=b.stream_of,
-                        current_tid=b.current_stream_tid, capture=stacks.capture,
-                        emit=b.sink.emit, event_type=event_type,
-                        internal_error=b.sink.internal_error, where=where)
-                return make
-            make_record = hooked(1, EventRecord, "in Event.record wrapper")
-            make_wait = hooked(2, StreamWaitEvent, "in Event.wait wrapper")
+        if native.speedups is not None and not traced:     # the same wrappers in C
+            make_record = self._native_hook(1, EventRecord, _EID_ATTR, "in Event.record wrapper")
+            make_wait = self._native_hook(2, StreamWaitEvent, _EID_ATTR, "in Event.wait wrapper")
 
         Event, Stream = m.Event, m.Stream
         self._patch(Event, "record", make_record)
@@ -644,20 +632,29 @@ class DeviceBackend(Backend):
                 return orig(g)
             return replay
 
-        fast = native.speedups
-        if fast is not None:
-            def make_replay(orig):       # the same wrapper in C (racecheck/_speedups.c SyncHook)
-                return fast.SyncHook(
-                    kind=3, orig=orig, backend=b, globals=globals(), sink=b.sink, tls=b.tls,
-                    mute_tls=b._tls, token=b._token, attr=_GID_ATTR, eids=b._eids, tids=b._tids,
-                    dtype=b._dtype, handle_attr=b.event_handle_attr, stream_of=b.stream_of,
-                    current_tid=b.current_stream_tid, capture=stacks.capture, emit=b.sink.emit,
-                    event_type=GraphReplay, internal_error=b.sink.internal_error,
-                    where="in graph replay wrapper")
+        if native.speedups is not None:                   # the same wrapper in C
+            make_replay = self._native_hook(3, GraphReplay, _GID_ATTR, "in graph replay wrapper")
 
         self._patch(cls, "capture_begin", make_begin)
         self._patch(cls, "capture_end", make_end)
         self._patch(cls, "replay", make_replay)
+
+    def _native_hook(self, kind, event_type, attr, where):
+        """`make(orig)` for `_patch`: a wrapper of `Event.record` (kind 1), `Event.wait` (2) or a
+        graph's `replay` (3) in C (racecheck/_speedups.c SyncHook), the Python ones' port for a
+        backend without trace callbacks. `attr` names the per-object id (event or graph)."""
+        fast = native.speedups
+        sink = self.sink
+
+        def make(orig):
+            return fast.SyncHook(
+                kind=kind, orig=orig, backend=self, globals=globals(), sink=sink, tls=self.tls,
+                mute_tls=self._tls, token=self._token, attr=attr, eids=self._eids,
+                tids=self._tids, dtype=self._dtype, handle_attr=self.event_handle_attr,
+                stream_of=self.stream_of, current_tid=self.current_stream_tid,
+                capture=stacks.capture, emit=sink.emit, event_type=event_type,
+                internal_error=sink.internal_error, where=where)
+        return make
 
     # -- special ops ----------------------------------------------------------------------------
     def _record_stream(self, func, args, kwargs):

@@ -547,14 +547,14 @@ def _native_special_plan(fast, icp: Interceptor, oc, func, slow):
     kind = 1 if slow == icp._copy else 2 if slow == icp._view else 3
     by_device = kind == 1 and icp._op_stream is not None
     # a device backend's host wait only reports the HostSync: made in C with the read's stack
-    wait = None if getattr(backend, "host_wait_emits_only", False) else backend.host_wait_stream
+    wait = None if backend.host_wait_emits_only else backend.host_wait_stream
     return fast.SpecialPlan(
         kind=kind, slow=slow, tls=backend.tls, fp=icp.fp, capture=stacks.capture,
         stream_fn=icp._op_stream if by_device else backend.current_stream_tid, by_device=by_device,
         backend=backend, call=getattr(func, "_op", func), direct=bool(backend.runs_at_issue),
         execute=backend.execute, sink=icp.sink, emit=icp.sink.emit, kernel_type=Kernel,
         host_sync_type=HostSync, name="copy_" if kind == 1 else "item", tensor=torch.Tensor,
-        pending=getattr(icp.sink, "_pending", ()), born_attr=BORN_ATTR, wait=wait,
+        pending=icp.sink.queue, born_attr=BORN_ATTR, wait=wait,
         skip=icp._plan_skip)
 
 

@@ -664,6 +664,18 @@ static int tl_get(Engine *e, PyObject *tid, int as_host) {
     return i >= 0 ? i : tl_new(e, tid, ti, as_host);
 }
 
+/* _join_launch where the host's clock changed since the stream last joined it: 0 / -1 */
+static int join_launch(Engine *e, int s, int h) {
+    TL *st = &e->tls[s], *ht = &e->tls[h];
+    if (st->jh == h && st->jv == ht->ver)
+        return 0;
+    if (vc_join(&st->vc, &ht->vc) < 0)
+        return -1;
+    st->jh = h;
+    st->jv = ht->ver;
+    return 0;
+}
+
 /* Checker._launch: the host and stream timelines, the stream joined with the host. */
 static int launch(Engine *e, PyObject *thread, PyObject *stream, int *hp) {
     int h = tl_get(e, thread, 1);
@@ -672,13 +684,8 @@ static int launch(Engine *e, PyObject *thread, PyObject *stream, int *hp) {
     int s = tl_get(e, stream, 0);
     if (s < 0)
         return s;
-    TL *st = &e->tls[s], *ht = &e->tls[h];
-    if (st->jh != h || st->jv != ht->ver) {
-        if (vc_join(&st->vc, &ht->vc) < 0)
-            return -1;
-        st->jh = h;
-        st->jv = ht->ver;
-    }
+    if (join_launch(e, s, h) < 0)
+        return -1;
     if (hp)
         *hp = h;
     return s;
@@ -847,8 +854,6 @@ static void ivl_free(IVL *l) {
 }
 
 /* ---- shadow memory -------------------------------------------------------------------------- */
-
-static inline Rd *seg_reads(Seg *s) { return s->r; }
 
 static void seg_release(Seg *s) {
     rec_decref(s->w);
@@ -1420,8 +1425,8 @@ static int on_host_access(Engine *e, PyObject *ev, int64_t seq) {
 
 /* Checker._on_copy */
 static int on_copy(Engine *e, PyObject *ev, int64_t seq) {
-    PyObject *thread = field(e, E_COPY, ev, F_THREAD);
-    int s = launch(e, thread, field(e, E_COPY, ev, F_STREAM), NULL);
+    int h = -1;
+    int s = launch(e, field(e, E_COPY, ev, F_THREAD), field(e, E_COPY, ev, F_STREAM), &h);
     if (s < 0)
         return s == -2 ? HANDOVER : -1;
     PyObject *src = field(e, E_COPY, ev, F_SRC), *dst = field(e, E_COPY, ev, F_DST),
@@ -1456,9 +1461,6 @@ static int on_copy(Engine *e, PyObject *ev, int64_t seq) {
     if (rc < 0)
         return -1;
     if (!non_blocking && (sh || dh)) {
-        int64_t ti = 0;
-        as_i64(thread, &ti);
-        int h = tl_index(e, ti);
         TL *ht = &e->tls[h];
         if (vc_join(&ht->vc, &e->tls[s].vc) < 0)
             return -1;
@@ -1551,17 +1553,12 @@ static int on_wait_stream(Engine *e, PyObject *ev, int64_t seq) {
     int s = tl_get(e, field(e, E_WAIT_STREAM, ev, F_WAITER), 0);
     if (s < 0)
         return s == -2 ? HANDOVER : -1;
-    TL *st = &e->tls[s], *ht = &e->tls[h];
-    if (st->jh != h || st->jv != ht->ver) {
-        if (vc_join(&st->vc, &ht->vc) < 0)
-            return -1;
-        st->jh = h;
-        st->jv = ht->ver;
-    }
+    if (join_launch(e, s, h) < 0)
+        return -1;
     int w = tl_get(e, field(e, E_WAIT_STREAM, ev, F_WAITEE), 0);
     if (w < 0)
         return w == -2 ? HANDOVER : -1;
-    st = &e->tls[s];
+    TL *st = &e->tls[s];
     TL *wt = &e->tls[w];
     if (w != s && vc_join(&st->vc, &wt->vc) < 0)
         return -1;
@@ -1576,11 +1573,11 @@ static int on_host_sync(Engine *e, PyObject *ev, int64_t seq) {
              *stack = field(e, E_HOST_SYNC, ev, F_STACK);
     if (kind == NULL || target == NULL || stack == NULL)
         return HANDOVER;
-    int is_stream = PyUnicode_Check(kind) && PyUnicode_Compare(kind, str_stream) == 0;
-    int is_event = PyUnicode_Check(kind) && PyUnicode_Compare(kind, str_event) == 0;
-    int is_device = PyUnicode_Check(kind) && PyUnicode_Compare(kind, str_device) == 0;
     if (!PyUnicode_Check(kind))
         return HANDOVER;
+    int is_stream = PyUnicode_Compare(kind, str_stream) == 0;
+    int is_event = PyUnicode_Compare(kind, str_event) == 0;
+    int is_device = PyUnicode_Compare(kind, str_device) == 0;
     int64_t tk = 0;
     int target_int = target != Py_None && as_i64(target, &tk);
     if ((is_stream || is_event) && target != Py_None && !target_int)

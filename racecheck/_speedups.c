@@ -622,6 +622,12 @@ static PyTypeObject EmitterType = {
     .tp_vectorcall_offset = offsetof(Emitter, vectorcall),
 };
 
+/* emit(ev) through the sink's emit: in C where it is the Emitter */
+static PyObject *emit_to(PyObject *emit, PyObject *ev) {
+    return Py_TYPE(emit) == &EmitterType ? em_emit((Emitter *)emit, ev) : PyObject_CallOneArg(emit, ev);
+}
+
+
 /* While a C plan registers its op's outputs on this thread (borrowed; NULL otherwise): the op's
    stream, where the allocator took their memory from (Interceptor._outputs), and the issuing
    host timeline. */
@@ -687,8 +693,7 @@ static PyObject *ae_vectorcall(PyObject *self, PyObject *const *args, size_t nar
     if (ev == NULL)
         return NULL;
     PyObject *emit = PyObject_GetAttr(a->sink, s_emit);
-    PyObject *r = emit == NULL ? NULL : Py_TYPE(emit) == &EmitterType ? em_emit((Emitter *)emit, ev)
-                                                                    : PyObject_CallOneArg(emit, ev);
+    PyObject *r = emit == NULL ? NULL : emit_to(emit, ev);
     Py_XDECREF(emit);
     Py_DECREF(ev);
     return r;
@@ -1410,16 +1415,38 @@ static int fp_host(PyObject *f) {
     return h;
 }
 
-static inline PyObject *plan_fp(FastPlan *p, PyObject *t) {
-    if (Py_TYPE(p->fp) == &FootprintsType)
-        return fps_of((Footprints *)p->fp, t);
-    return PyObject_CallOneArg(p->fp, t);
+/* the maker's of(t): in C where it is Footprints */
+static inline PyObject *footprint_of(PyObject *of, PyObject *t) {
+    return Py_TYPE(of) == &FootprintsType ? fps_of((Footprints *)of, t) : PyObject_CallOneArg(of, t);
+}
+
+static int is_native_capture(PyObject *fn) {
+#ifdef HAVE_FRAME_API
+    return PyCFunction_Check(fn) &&
+           PyCFunction_GET_FUNCTION(fn) == (PyCFunction)(void (*)(void))capture;
+#else
+    return 0;
+#endif
+}
+
+/* stacks.capture(6, skip) from a C plan or wrapper, which has no Python frame of its own: skip 1
+   starts at the innermost Python frame (the caller's) */
+static PyObject *stack_from(PyObject *capture_fn, int native, Py_ssize_t skip) {
+#ifdef HAVE_FRAME_API
+    if (native)
+        return capture_impl(6, skip);
+#endif
+    PyObject *args[2] = {PyLong_FromLong(6), PyLong_FromSsize_t(skip)};
+    PyObject *r = args[0] && args[1] ? PyObject_Vectorcall(capture_fn, args, 2, NULL) : NULL;
+    Py_XDECREF(args[0]);
+    Py_XDECREF(args[1]);
+    return r;
 }
 
 /* The footprint of tensor t (new reference, through the maker's `of`, which keeps the cache);
    NULL without an error: fall back to the generic path (an empty or a host tensor). */
 static PyObject *tensor_fp(FastPlan *p, PyObject *t, int *fallback_needed) {
-    PyObject *f = plan_fp(p, t);
+    PyObject *f = footprint_of(p->fp, t);
     if (f == NULL)
         return NULL;
     if (f == Py_None) {
@@ -1445,7 +1472,6 @@ static PyObject *make_kernel(FastPlan *p, PyObject *thread, PyObject *stream, Py
     return new_event(&L, p->kernel_type, names, values, 6);
 }
 
-static int is_native_capture(PyObject *fn);
 
 /* The plan: interceptor._plan_source's function, for (func, args tuple, kwargs dict) */
 static PyObject *plan_call(FastPlan *p, PyObject *func, PyObject *a, PyObject *kw) {
@@ -1497,13 +1523,7 @@ static PyObject *plan_call(FastPlan *p, PyObject *func, PyObject *a, PyObject *k
                 nw++;
         }
     }
-#ifdef HAVE_FRAME_API
-    if (p->native_capture) {
-        if (!(stack = capture_impl(6, p->skip)))
-            goto done;
-    } else
-#endif
-    if (!(stack = PyObject_CallNoArgs(p->capture)))
+    if (!(stack = stack_from(p->capture, p->native_capture, p->skip)))
         goto done;
     stream = op_stream(p->stream_fn, p->by_device, a, kw);
     if (stream == NULL || before_launch(p->backend, stream, p->name) < 0)
@@ -1516,18 +1536,13 @@ static PyObject *plan_call(FastPlan *p, PyObject *func, PyObject *a, PyObject *k
     }
     if (out == NULL)
         goto done;
-    if (!(thread = PyObject_GetAttr(p->tls, s_tid_attr)))
+    if (!(thread = thread_of(p->tls, p->sink)))
         goto done;
-    if (thread == Py_None) {
-        Py_DECREF(thread);
-        if (!(thread = PyObject_CallMethodNoArgs(p->sink, s_thread_tid)))
-            goto done;
-    }
     PyObject *extra = NULL;
     if (p->out_mode == 1 && PyObject_TypeCheck(out, (PyTypeObject *)p->tensor)) {
         alloc_stream = stream;
         alloc_thread = thread;
-        PyObject *f = plan_fp(p, out);
+        PyObject *f = footprint_of(p->fp, out);
         alloc_stream = alloc_thread = NULL;
         if (f == NULL)
             goto done;
@@ -1580,8 +1595,7 @@ static PyObject *plan_call(FastPlan *p, PyObject *func, PyObject *a, PyObject *k
     Py_XDECREF(extra);
     if (!(ev = make_kernel(p, thread, stream, reads, writes, stack)))
         goto done;
-    PyObject *r = Py_TYPE(p->emit) == &EmitterType ? em_emit((Emitter *)p->emit, ev)
-                                                   : PyObject_CallOneArg(p->emit, ev);
+    PyObject *r = emit_to(p->emit, ev);
     if (r == NULL)
         goto done;
     Py_DECREF(r);
@@ -1677,14 +1691,6 @@ static PyTypeObject FastPlanType = {
 };
 
 
-static int is_native_capture(PyObject *fn) {
-#ifdef HAVE_FRAME_API
-    return PyCFunction_Check(fn) &&
-           PyCFunction_GET_FUNCTION(fn) == (PyCFunction)(void (*)(void))capture;
-#else
-    return 0;
-#endif
-}
 
 
 /* ---- the dispatch mode's plans for copy_, views and .item() (interceptor._copy, _view,
@@ -1732,33 +1738,6 @@ static PyObject *sp_slow(SpecialPlan *p, PyObject *func, PyObject *a, PyObject *
     return PyObject_Vectorcall(p->slow, args, 3, NULL);
 }
 
-static PyObject *sp_stack(SpecialPlan *p) {
-#ifdef HAVE_FRAME_API
-    if (p->native_capture)
-        return capture_impl(6, p->skip);
-#endif
-    return PyObject_CallNoArgs(p->capture);
-}
-
-static PyObject *sp_fp(SpecialPlan *p, PyObject *t) {
-    if (Py_TYPE(p->fp) == &FootprintsType)
-        return fps_of((Footprints *)p->fp, t);
-    return PyObject_CallOneArg(p->fp, t);
-}
-
-static PyObject *sp_emit(SpecialPlan *p, PyObject *ev) {
-    return Py_TYPE(p->emit) == &EmitterType ? em_emit((Emitter *)p->emit, ev)
-                                            : PyObject_CallOneArg(p->emit, ev);
-}
-
-static PyObject *sp_thread(SpecialPlan *p) {
-    PyObject *t = PyObject_GetAttr(p->tls, s_tid_attr);
-    if (t == NULL || t != Py_None)
-        return t;
-    Py_DECREF(t);
-    return PyObject_CallMethodNoArgs(p->sink, s_thread_tid);
-}
-
 static PyObject *sp_call(SpecialPlan *p, PyObject *a, PyObject *kw) {
     return PyObject_Call(p->call, a, PyDict_GET_SIZE(kw) ? kw : NULL);
 }
@@ -1767,7 +1746,7 @@ static PyObject *sp_call(SpecialPlan *p, PyObject *a, PyObject *kw) {
 static PyObject *sp_device_fp(SpecialPlan *p, PyObject *t) {
     if (!PyObject_TypeCheck(t, (PyTypeObject *)p->tensor))
         return NULL;
-    PyObject *f = sp_fp(p, t);
+    PyObject *f = footprint_of(p->fp, t);
     if (f == NULL || f == Py_None) {
         Py_XDECREF(f);
         return NULL;
@@ -1805,7 +1784,7 @@ static PyObject *copy_call(SpecialPlan *p, PyObject *func, PyObject *a, PyObject
         result = sp_slow(p, func, a, kw);
         goto done;
     }
-    if (!(stack = sp_stack(p)) || !(thread = sp_thread(p)))
+    if (!(stack = stack_from(p->capture, p->native_capture, p->skip)) || !(thread = thread_of(p->tls, p->sink)))
         goto done;
     /* the source's device decides the stream (interceptor._copy looks at (src, dst)) */
     if (p->by_device && !(pair = PyTuple_Pack(2, src, dst)))
@@ -1820,7 +1799,7 @@ static PyObject *copy_call(SpecialPlan *p, PyObject *func, PyObject *a, PyObject
     static Layout L;
     if (!(ev = new_event(&L, p->kernel_type, names, values, 6)))
         goto done;
-    PyObject *r = sp_emit(p, ev);
+    PyObject *r = emit_to(p->emit, ev);
     if (r == NULL)
         goto done;
     Py_DECREF(r);
@@ -1903,17 +1882,17 @@ static PyObject *item_call(SpecialPlan *p, PyObject *func, PyObject *a, PyObject
         return PyErr_Occurred() ? NULL : sp_slow(p, func, a, kw);
     PyObject *stack = NULL, *stream = NULL, *thread = NULL, *reads = NULL, *ev = NULL,
              *result = NULL;
-    if (!(stack = sp_stack(p)))
+    if (!(stack = stack_from(p->capture, p->native_capture, p->skip)))
         goto done;
     stream = op_stream(p->stream_fn, 0, NULL, NULL);
-    if (stream == NULL || !(thread = sp_thread(p)) || !(reads = PyTuple_Pack(1, f)))
+    if (stream == NULL || !(thread = thread_of(p->tls, p->sink)) || !(reads = PyTuple_Pack(1, f)))
         goto done;
     PyObject *names[6] = {s_thread, s_stream, s_reads, s_writes, s_op, s_stack};
     PyObject *values[6] = {thread, stream, reads, empty_tuple, p->name, stack};
     static Layout L;
     if (!(ev = new_event(&L, p->kernel_type, names, values, 6)))
         goto done;
-    PyObject *r = sp_emit(p, ev);
+    PyObject *r = emit_to(p->emit, ev);
     if (r == NULL)
         goto done;
     Py_DECREF(r);
@@ -1923,14 +1902,14 @@ static PyObject *item_call(SpecialPlan *p, PyObject *func, PyObject *a, PyObject
     } else {
         /* Backend.emit_host_sync("stream", stream): the host waited for the stream */
         Py_DECREF(thread);
-        if (!(thread = sp_thread(p)))
+        if (!(thread = thread_of(p->tls, p->sink)))
             goto done;
         PyObject *hnames[4] = {s_thread, s_sync_kind, s_target, s_stack};
         PyObject *hvalues[4] = {thread, s_stream, stream, stack};
         static Layout H;
         if (!(ev = new_event(&H, p->host_sync_type, hnames, hvalues, 4)))
             goto done;
-        r = sp_emit(p, ev);
+        r = emit_to(p->emit, ev);
     }
     if (r == NULL)
         goto done;
@@ -2074,14 +2053,6 @@ static int sh_live(SyncHook *h) {
     return m < 0 ? -1 : !m;
 }
 
-static PyObject *sh_thread(SyncHook *h) {
-    PyObject *t = PyObject_GetAttr(h->tls, s_tid_attr);
-    if (t == NULL || t != Py_None)
-        return t;
-    Py_DECREF(t);
-    return PyObject_CallMethodNoArgs(h->sink, s_thread_tid);
-}
-
 /* DeviceBackend._obj_eid(ev, create): the id this session gave the Event object */
 static PyObject *sh_obj_eid(SyncHook *h, PyObject *ev, int create) {
     PyObject *d = PyObject_GetAttr(ev, s_dict);
@@ -2174,25 +2145,12 @@ static PyObject *sh_stream_tid(SyncHook *h, PyObject *stream) {
     return PyObject_CallOneArg(h->stream_of, stream);
 }
 
-static PyObject *sh_stack(SyncHook *h) {
-#ifdef HAVE_FRAME_API
-    if (h->native_capture)
-        return capture_impl(6, 1);
-#endif
-    PyObject *args[2] = {PyLong_FromLong(6), PyLong_FromLong(1)};
-    PyObject *r = args[0] && args[1] ? PyObject_Vectorcall(h->capture, args, 2, NULL) : NULL;
-    Py_XDECREF(args[0]);
-    Py_XDECREF(args[1]);
-    return r;
-}
-
 static int sh_emit(SyncHook *h, PyObject *const *names, PyObject *const *values, int n,
                    Layout *L) {
     PyObject *ev = new_event(L, h->event_type, names, values, n);
     if (ev == NULL)
         return -1;
-    PyObject *r = Py_TYPE(h->emit) == &EmitterType ? em_emit((Emitter *)h->emit, ev)
-                                                   : PyObject_CallOneArg(h->emit, ev);
+    PyObject *r = emit_to(h->emit, ev);
     Py_DECREF(ev);
     Py_XDECREF(r);
     return r == NULL ? -1 : 0;
@@ -2202,12 +2160,12 @@ static int sh_emit(SyncHook *h, PyObject *const *names, PyObject *const *values,
 static void sh_report(SyncHook *h, PyObject *ev, PyObject *stream) {
     PyObject *thread = NULL, *eid = NULL, *tid = NULL, *stack = NULL;
     int rc = -1;
-    if (!(thread = sh_thread(h)))
+    if (!(thread = thread_of(h->tls, h->sink)))
         goto done;
     if (h->kind == HOOK_RECORD) {
         /* EventRecord(thread, _obj_eid(ev), record_tid(stream), capture()) */
         if (!(eid = sh_obj_eid(h, ev, 1)) || !(tid = sh_stream_tid(h, stream)) ||
-            !(stack = sh_stack(h)))
+            !(stack = stack_from(h->capture, h->native_capture, 1)))
             goto done;
         PyObject *names[4] = {s_thread, s_event, s_stream, s_stack};
         PyObject *values[4] = {thread, eid, tid, stack};
@@ -2216,7 +2174,7 @@ static void sh_report(SyncHook *h, PyObject *ev, PyObject *stream) {
     } else {
         /* StreamWaitEvent(thread, record_tid(stream), _eid_of(ev), capture()) */
         if (!(tid = sh_stream_tid(h, stream)) || !(eid = sh_eid_of(h, ev)) ||
-            !(stack = sh_stack(h)))
+            !(stack = stack_from(h->capture, h->native_capture, 1)))
             goto done;
         PyObject *names[4] = {s_thread, s_stream, s_event, s_stack};
         PyObject *values[4] = {thread, tid, eid, stack};
@@ -2260,7 +2218,7 @@ static PyObject *sh_call(SyncHook *h, PyObject *obj, PyObject *stream) {
             PyTuple_GET_ITEM(got, 0) == h->token) {
             PyObject *tid = sh_stream_tid(h, Py_None), *thread = NULL, *stack = NULL;
             int rc = tid == NULL ? -1 : before_launch(h->backend, tid, s_graph_replay);
-            if (rc == 0 && (!(thread = sh_thread(h)) || !(stack = sh_stack(h))))
+            if (rc == 0 && (!(thread = thread_of(h->tls, h->sink)) || !(stack = stack_from(h->capture, h->native_capture, 1))))
                 rc = -1;
             if (rc == 0) {
                 /* GraphReplay(thread, gid, tid, capture()) */

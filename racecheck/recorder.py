@@ -61,7 +61,7 @@ class Recorder:
         self._next_event = 0
         self._next_graph = 0
         self._host_threads = 0
-        self._pending = collections.deque()   # events (or _Unresolved) not yet checked, in order
+        self.queue = collections.deque()      # events (or _Unresolved) not yet checked, in order
         self._unresolved = 0
         self._liveness = None          # executor hook: storage ids the program has dropped
         self._liveness_before = ()
@@ -70,7 +70,7 @@ class Recorder:
         fast = native.speedups
         if fast is not None and type(self).emit is Recorder.emit:
             # emit's common case in C; the rest through the method below
-            self.emit = fast.Emitter(self, self._pending, BATCH, Recorder.emit.__get__(self),
+            self.emit = fast.Emitter(self, self.queue, BATCH, Recorder.emit.__get__(self),
                                      self.dead, self.tls, Free)
 
     def set_namer(self, namer) -> None:
@@ -136,7 +136,7 @@ class Recorder:
 
         The common case takes no lock: deque appends and pops are atomic, the queue is only
         ever taken from its left end, and the checker runs under the lock."""
-        pending = self._pending
+        pending = self.queue
         if self._unresolved or self._liveness is not None:
             with self.lock:
                 if self._liveness is not None and type(event) in self._liveness_before:
@@ -156,7 +156,7 @@ class Recorder:
     @property
     def position(self) -> int:
         """Trace index the next emitted event will have."""
-        return self.seq + len(self._pending)
+        return self.seq + len(self.queue)
 
     def emit_pending(self, event, resolve) -> None:
         """Emit `event` whose footprints are not known yet (index values still on the device).
@@ -165,7 +165,7 @@ class Recorder:
         Events after it wait in order behind it, so the checker still sees host issue order.
         """
         with self.lock:
-            self._pending.append(_Unresolved(event, resolve))
+            self.queue.append(_Unresolved(event, resolve))
             self._unresolved += 1
             self.flush_pending()
 
@@ -185,7 +185,7 @@ class Recorder:
                 self._busy = False
 
     def _flush_locked(self, force: bool) -> None:
-        pending = self._pending
+        pending = self.queue
         while pending:
             if not self._unresolved:
                 take = pending.popleft     # (not list() then clear(): another thread may append)
@@ -228,7 +228,7 @@ class Recorder:
                 self.internal_error(exc, f"while checking {type(failed).__name__}")
 
     def _drop_pending(self) -> None:
-        self._pending.clear()
+        self.queue.clear()
         self._unresolved = 0
 
     # -- storage deaths -------------------------------------------------------------------------
@@ -263,7 +263,7 @@ class Recorder:
         if thread is None:
             thread = self.thread_tid()
         freed = self._freed
-        pending = self._pending
+        pending = self.queue
         while dead:
             sid, stack = dead.popleft()
             if self._liveness is not None:
