@@ -24,7 +24,7 @@
 
 static PyObject *s_ACTIVE, *s_mute, *s_new_event_id, *s_event, *s_graph, *s_graph_replay, *s_stream_id, *s_device_index, *s_device_type, *s_alloc_stream, *s_checking, *s_seq, *s_internal, *s_sync_kind, *s_target, *s_thread, *s_stream, *s_reads, *s_writes, *s_storage, *s_ranges, *s_born,
     *s_append, *s_capture_attr, *s_tid_attr, *s_before_launch, *s_host, *s_data_ptr, *s_dict,
-    *s_pin_memory, *s_op, *s_stack, *s_thread_tid, *s_block, *s_unresolved, *s_liveness, *s_dead,
+    *s_pin_memory, *s_op, *s_stack, *s_thread_tid, *s_block, *s_dead,
     *s_busy, *s_flush_pending, *s_numel, *s_is_contiguous, *s_untyped_storage, *s_cdata,
     *s_element_size, *s_storage_offset, *s_is_view, *s_approx, *s_new_are_host, *s_host_of,
     *s_next, *s_by_cdata, *s_cdata_of, *s_host_sids, *s_nbytes, *s_on_new, *s_is_cpu,
@@ -44,8 +44,7 @@ static int intern_all(void) {
     I(s_capture_attr, "capture"); I(s_tid_attr, "tid"); I(s_before_launch, "before_launch");
     I(s_host, "host"); I(s_data_ptr, "data_ptr"); I(s_dict, "__dict__");
     I(s_pin_memory, "pin_memory"); I(s_op, "op"); I(s_stack, "stack");
-    I(s_thread_tid, "thread_tid"); I(s_block, "block"); I(s_unresolved, "_unresolved");
-    I(s_liveness, "_liveness"); I(s_dead, "dead"); I(s_busy, "_busy");
+    I(s_thread_tid, "thread_tid"); I(s_block, "block"); I(s_dead, "dead"); I(s_busy, "_busy");
     I(s_flush_pending, "flush_pending"); I(s_numel, "numel"); I(s_is_contiguous, "is_contiguous");
     I(s_untyped_storage, "untyped_storage"); I(s_cdata, "_cdata");
     I(s_element_size, "element_size"); I(s_storage_offset, "storage_offset");
@@ -397,6 +396,79 @@ static int dict_pop(PyObject *d, PyObject *key, PyObject **out) {
     return 1;
 }
 
+/* torch's own methods of a tensor (or storage) type, called without looking their names up:
+   per type, the C method descriptors its attribute lookup finds, kept while the type's version
+   tag says nothing in its hierarchy was reassigned (a patched method is a Python function: that
+   type is not cached and takes the named call). An instance attribute that shadows a torch
+   method by name is not looked at. */
+enum { M_NUMEL, M_IS_CONTIGUOUS, M_UNTYPED_STORAGE, M_ELEMENT_SIZE, M_STORAGE_OFFSET, M_IS_VIEW,
+       M_DATA_PTR, M_GET_DEVICE, M_NBYTES, M_COUNT };
+#define MCACHE_TYPES 4
+
+typedef struct {
+    PyTypeObject *type[MCACHE_TYPES];       /* strong references */
+    unsigned int version[MCACHE_TYPES];
+    PyObject *descr[MCACHE_TYPES][M_COUNT]; /* strong references; NULL: not a C method there */
+} MethodCache;
+
+static MethodCache mcache;
+
+static PyObject *method_name(int m) {
+    switch (m) {
+    case M_NUMEL: return s_numel;
+    case M_IS_CONTIGUOUS: return s_is_contiguous;
+    case M_UNTYPED_STORAGE: return s_untyped_storage;
+    case M_ELEMENT_SIZE: return s_element_size;
+    case M_STORAGE_OFFSET: return s_storage_offset;
+    case M_IS_VIEW: return s_is_view;
+    case M_DATA_PTR: return s_data_ptr;
+    case M_GET_DEVICE: return s_get_device;
+    default: return s_nbytes;
+    }
+}
+
+/* the slot of tp in the cache, filled or refreshed; -1 where the type has no valid version tag */
+static int mcache_slot(PyTypeObject *tp) {
+    if (!PyType_HasFeature(tp, Py_TPFLAGS_VALID_VERSION_TAG) || tp->tp_version_tag == 0)
+        return -1;
+    int free_slot = -1;
+    for (int i = 0; i < MCACHE_TYPES; i++) {
+        if (mcache.type[i] == tp) {
+            if (mcache.version[i] == tp->tp_version_tag)
+                return i;
+            free_slot = i;
+            break;
+        }
+        if (mcache.type[i] == NULL && free_slot < 0)
+            free_slot = i;
+    }
+    if (free_slot < 0)
+        return -1;
+    int i = free_slot;
+    for (int m = 0; m < M_COUNT; m++) {
+        PyObject *d = _PyType_Lookup(tp, method_name(m));
+        if (d != NULL && Py_TYPE(d) != &PyMethodDescr_Type)
+            d = NULL;
+        Py_XINCREF(d);
+        Py_XSETREF(mcache.descr[i][m], d);
+    }
+    if (mcache.type[i] != tp) {
+        Py_INCREF(tp);
+        Py_XSETREF(mcache.type[i], tp);
+    }
+    mcache.version[i] = tp->tp_version_tag;
+    return i;
+}
+
+/* obj.<method m>() */
+static PyObject *mcall(PyObject *obj, int m) {
+    int i = mcache_slot(Py_TYPE(obj));
+    PyObject *d = i < 0 ? NULL : mcache.descr[i][m];
+    if (d != NULL)
+        return PyObject_Vectorcall(d, &obj, 1, NULL);
+    return PyObject_CallMethodNoArgs(obj, method_name(m));
+}
+
 /* ---- the recorder's emit ------------------------------------------------------------------- */
 
 /* Recorder.emit's common case (nothing unresolved, no liveness poll): report storage deaths,
@@ -405,18 +477,20 @@ typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *recorder, *pending, *slow, *dead, *tls, *free_type;
+    PyObject *append, *popleft;     /* pending.append, dead.popleft */
     Py_ssize_t batch;
+    int divert;     /* something unresolved or a liveness poll: every event takes the slow emit */
 } Emitter;
 
 static int em_traverse(Emitter *e, visitproc visit, void *arg) {
     Py_VISIT(e->recorder); Py_VISIT(e->pending); Py_VISIT(e->slow); Py_VISIT(e->dead);
-    Py_VISIT(e->tls); Py_VISIT(e->free_type);
+    Py_VISIT(e->tls); Py_VISIT(e->free_type); Py_VISIT(e->append); Py_VISIT(e->popleft);
     return 0;
 }
 
 static int em_clear(Emitter *e) {
     Py_CLEAR(e->recorder); Py_CLEAR(e->pending); Py_CLEAR(e->slow); Py_CLEAR(e->dead);
-    Py_CLEAR(e->tls); Py_CLEAR(e->free_type);
+    Py_CLEAR(e->tls); Py_CLEAR(e->free_type); Py_CLEAR(e->append); Py_CLEAR(e->popleft);
     return 0;
 }
 
@@ -502,7 +576,7 @@ static int drain_dead(Emitter *e) {
         }
         if (n == 0)
             break;
-        PyObject *item = PyObject_CallMethodNoArgs(e->dead, s_popleft);
+        PyObject *item = PyObject_CallNoArgs(e->popleft);
         if (item == NULL || !PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2) {
             if (item != NULL)
                 PyErr_SetString(PyExc_TypeError, "dead: (sid, stack) pairs");
@@ -515,7 +589,7 @@ static int drain_dead(Emitter *e) {
         static Layout L;
         PyObject *ev = new_event(&L, e->free_type, names, values, 3);
         Py_DECREF(item);
-        PyObject *r = ev ? PyObject_CallMethodOneArg(e->pending, s_append, ev) : NULL;
+        PyObject *r = ev ? PyObject_CallOneArg(e->append, ev) : NULL;
         Py_XDECREF(ev);
         if (r == NULL)
             rc = -1;
@@ -541,23 +615,12 @@ static int attr_true(PyObject *obj, PyObject *name) {
 }
 
 static PyObject *em_emit(Emitter *e, PyObject *ev) {
-    PyObject *const args[1] = {ev};
-    int t = attr_true(e->recorder, s_unresolved);
-    if (t == 0) {
-        PyObject *lv = PyObject_GetAttr(e->recorder, s_liveness);
-        if (lv == NULL)
-            return NULL;
-        t = lv != Py_None;
-        Py_DECREF(lv);
-    }
-    if (t < 0)
-        return NULL;
-    if (t)
-        return PyObject_Vectorcall(e->slow, args, 1, NULL);
+    if (e->divert)
+        return PyObject_Vectorcall(e->slow, &ev, 1, NULL);
     Py_ssize_t nd = PyObject_Length(e->dead);
     if (nd < 0 || (nd > 0 && drain_dead(e) < 0))
         return NULL;
-    PyObject *r = PyObject_CallMethodOneArg(e->pending, s_append, args[0]);
+    PyObject *r = PyObject_CallOneArg(e->append, ev);
     if (r == NULL)
         return NULL;
     Py_DECREF(r);
@@ -604,12 +667,24 @@ static PyObject *em_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     Py_INCREF(free_type); e->free_type = free_type;
     e->batch = batch;
     e->vectorcall = em_vectorcall;
+    if (!(e->append = PyObject_GetAttr(pending, s_append)) ||
+        !(e->popleft = PyObject_GetAttr(dead, s_popleft))) {
+        Py_DECREF(e);
+        return NULL;
+    }
     return (PyObject *)e;
 }
+
+static PyMemberDef em_members[] = {
+    {"divert", T_INT, offsetof(Emitter, divert), 0,
+     "nonzero: every event goes to the slow emit (the recorder sets it)"},
+    {NULL},
+};
 
 static PyTypeObject EmitterType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "racecheck._speedups.Emitter",
+    .tp_members = em_members,
     .tp_basicsize = sizeof(Emitter),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_doc = "Emitter(recorder, pending, batch, slow_emit, dead, tls, Free): Recorder.emit's "
@@ -637,16 +712,18 @@ static _Thread_local PyObject *alloc_stream = NULL, *alloc_thread = NULL;
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
-    PyObject *sink, *tls, *backend, *alloc_type;
+    PyObject *sink, *tls, *backend, *alloc_type, *emit;   /* emit: sink.emit, bound once as plans do */
 } AllocEmitter;
 
 static int ae_traverse(AllocEmitter *a, visitproc visit, void *arg) {
     Py_VISIT(a->sink); Py_VISIT(a->tls); Py_VISIT(a->backend); Py_VISIT(a->alloc_type);
+    Py_VISIT(a->emit);
     return 0;
 }
 
 static int ae_clear(AllocEmitter *a) {
     Py_CLEAR(a->sink); Py_CLEAR(a->tls); Py_CLEAR(a->backend); Py_CLEAR(a->alloc_type);
+    Py_CLEAR(a->emit);
     return 0;
 }
 
@@ -692,9 +769,7 @@ static PyObject *ae_vectorcall(PyObject *self, PyObject *const *args, size_t nar
     Py_DECREF(stream);
     if (ev == NULL)
         return NULL;
-    PyObject *emit = PyObject_GetAttr(a->sink, s_emit);
-    PyObject *r = emit == NULL ? NULL : emit_to(emit, ev);
-    Py_XDECREF(emit);
+    PyObject *r = emit_to(a->emit, ev);
     Py_DECREF(ev);
     return r;
 }
@@ -711,6 +786,10 @@ static PyObject *ae_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     Py_INCREF(tls); a->tls = tls;
     Py_INCREF(backend); a->backend = backend;
     Py_INCREF(alloc_type); a->alloc_type = alloc_type;
+    if (!(a->emit = PyObject_GetAttr(sink, s_emit))) {
+        Py_DECREF(a);
+        return NULL;
+    }
     a->vectorcall = ae_vectorcall;
     return (PyObject *)a;
 }
@@ -803,7 +882,7 @@ static PyObject *dw_call(PyObject *self, PyObject *args, PyObject *kwargs) {
     Py_DECREF(stack);
     if (item == NULL)
         return NULL;
-    PyObject *r = PyObject_CallMethodOneArg(w->dead, s_append, item);
+    PyObject *r = PyObject_CallOneArg(w->dead, item);     /* registry.dead.append */
     Py_DECREF(item);
     if (r == NULL)
         return NULL;
@@ -894,7 +973,7 @@ static PyObject *rg_register(Registrar *r, PyObject *t, PyObject *st, int host) 
         goto done;
     if (host && PySet_Add(r->host_sids, sid) < 0)
         goto done;
-    if (!(nbytes = PyObject_CallMethodNoArgs(st, s_nbytes)))
+    if (!(nbytes = mcall(st, M_NBYTES)))
         goto done;
     PyObject *a[3] = {sid, nbytes, hostb};
     PyObject *res = PyObject_Vectorcall(r->on_new, a, 3, NULL);
@@ -937,6 +1016,14 @@ static PyObject *rg_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
         !(r->cdata_of = PyObject_GetAttr(reg, s_cdata_of)) ||
         !(r->host_sids = PyObject_GetAttr(reg, s_host_sids)) ||
         !(r->dead = PyObject_GetAttr(reg, s_dead)) || !(r->on_new = PyObject_GetAttr(reg, s_on_new))) {
+        Py_DECREF(r);
+        return NULL;
+    }
+    /* the death watches only append to it */
+    PyObject *dead = r->dead;
+    r->dead = PyObject_GetAttr(dead, s_append);
+    Py_DECREF(dead);
+    if (r->dead == NULL) {
         Py_DECREF(r);
         return NULL;
     }
@@ -990,12 +1077,8 @@ static void fps_dealloc(Footprints *f) {
     Py_TYPE(f)->tp_free((PyObject *)f);
 }
 
-static PyObject *call0(PyObject *obj, PyObject *name) {
-    return PyObject_CallMethodNoArgs(obj, name);
-}
-
-static long long call0_ll(PyObject *obj, PyObject *name, int *err) {
-    PyObject *v = call0(obj, name);
+static long long call0_ll(PyObject *obj, int m, int *err) {
+    PyObject *v = mcall(obj, m);
     if (v == NULL) {
         *err = 1;
         return 0;
@@ -1010,7 +1093,10 @@ static long long call0_ll(PyObject *obj, PyObject *name, int *err) {
 /* A new Footprint(sid, ((lo, hi),), host, None, born) without running __init__ */
 static PyObject *new_footprint(Footprints *f, PyObject *sid, long long lo, long long hi,
                                PyObject *host, PyObject *born) {
-    PyObject *ranges = Py_BuildValue("((LL))", lo, hi);
+    PyObject *a = PyLong_FromLongLong(lo), *b = a ? PyLong_FromLongLong(hi) : NULL;
+    PyObject *range = b ? PyTuple_Pack(2, a, b) : NULL;
+    PyObject *ranges = range ? PyTuple_Pack(1, range) : NULL;
+    Py_XDECREF(a); Py_XDECREF(b); Py_XDECREF(range);
     if (ranges == NULL)
         return NULL;
     PyObject *names[5] = {s_storage, s_ranges, s_host, s_approx, s_born};
@@ -1025,20 +1111,20 @@ static PyObject *new_footprint(Footprints *f, PyObject *sid, long long lo, long 
    tensor is empty; NULL without an error: not contiguous (the caller computes it in Python). */
 static PyObject *contiguous_fp(Footprints *f, PyObject *t) {
     int err = 0;
-    long long n = call0_ll(t, s_numel, &err);
+    long long n = call0_ll(t, M_NUMEL, &err);
     if (err)
         return NULL;
     if (n == 0) {
         Py_RETURN_NONE;
     }
-    PyObject *c = call0(t, s_is_contiguous);
+    PyObject *c = mcall(t, M_IS_CONTIGUOUS);
     if (c == NULL)
         return NULL;
     int contiguous = PyObject_IsTrue(c);
     Py_DECREF(c);
     if (contiguous <= 0)
         return NULL;
-    PyObject *st = call0(t, s_untyped_storage);
+    PyObject *st = mcall(t, M_UNTYPED_STORAGE);
     if (st == NULL)
         return NULL;
     PyObject *key = PyObject_GetAttr(st, s_cdata);
@@ -1073,11 +1159,11 @@ static PyObject *contiguous_fp(Footprints *f, PyObject *t) {
     }
     sid = PyTuple_GET_ITEM(entry, 0);
     host = PyTuple_GET_ITEM(entry, PyTuple_GET_SIZE(entry) - 1);
-    long long itemsize = call0_ll(t, s_element_size, &err);
-    long long off = err ? 0 : call0_ll(t, s_storage_offset, &err);
+    long long itemsize = call0_ll(t, M_ELEMENT_SIZE, &err);
+    long long off = err ? 0 : call0_ll(t, M_STORAGE_OFFSET, &err);
     PyObject *born = NULL;
     if (!err) {
-        PyObject *view = call0(t, s_is_view);
+        PyObject *view = mcall(t, M_IS_VIEW);
         int is = view ? PyObject_IsTrue(view) : -1;
         Py_XDECREF(view);
         if (is < 0)
@@ -1115,7 +1201,7 @@ static PyObject *fps_of(Footprints *f, PyObject *t) {
     if (hit != NULL && PyTuple_Check(hit) && PyTuple_GET_SIZE(hit) == 3) {
         int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(hit, 0), f->tok, Py_EQ);
         if (same > 0) {
-            ptr = call0(t, s_data_ptr);
+            ptr = mcall(t, M_DATA_PTR);
             same = ptr ? PyObject_RichCompareBool(PyTuple_GET_ITEM(hit, 1), ptr, Py_EQ) : -1;
         }
         if (same < 0) {
@@ -1151,7 +1237,7 @@ static PyObject *fps_of(Footprints *f, PyObject *t) {
     if (fp != Py_None) {
         /* the data pointer after the computation, as the Python version reads it */
         Py_XDECREF(ptr);
-        ptr = call0(t, s_data_ptr);
+        ptr = mcall(t, M_DATA_PTR);
         PyObject *entry = ptr ? PyTuple_Pack(3, f->tok, ptr, fp) : NULL;
         if (entry == NULL || PyDict_SetItem(d, f->attr, entry) < 0) {
             Py_XDECREF(entry);
@@ -1267,7 +1353,7 @@ static PyObject *so_call(StreamOf *o, PyObject *const *args, Py_ssize_t n) {
             if (cpu < 0)
                 return NULL;
             if (!cpu) {
-                PyObject *dev = PyObject_CallMethodNoArgs(a, s_get_device);
+                PyObject *dev = mcall(a, M_GET_DEVICE);
                 if (dev == NULL)
                     return NULL;
                 tid = so_known(o, dev);

@@ -67,11 +67,17 @@ class Recorder:
         self._liveness_before = ()
         self._freed: set = set()       # storage ids whose Free was emitted early (by the hook)
         self.dead: collections.deque = collections.deque()   # (block, stack) that died, unreported
+        self._fast_emit = None
         fast = native.speedups
         if fast is not None and type(self).emit is Recorder.emit:
             # emit's common case in C; the rest through the method below
-            self.emit = fast.Emitter(self, self.queue, BATCH, Recorder.emit.__get__(self),
-                                     self.dead, self.tls, Free)
+            self.emit = self._fast_emit = fast.Emitter(
+                self, self.queue, BATCH, Recorder.emit.__get__(self), self.dead, self.tls, Free)
+
+    def _divert(self) -> None:
+        """Tell the C emit whether its common case holds (nothing unresolved, no liveness poll)."""
+        if self._fast_emit is not None:
+            self._fast_emit.divert = int(bool(self._unresolved or self._liveness is not None))
 
     def set_namer(self, namer) -> None:
         """`namer(storage, lo, hi) -> str | None`: the program's name for an unnamed tensor."""
@@ -167,6 +173,7 @@ class Recorder:
         with self.lock:
             self.queue.append(_Unresolved(event, resolve))
             self._unresolved += 1
+            self._divert()
             self.flush_pending()
 
     def flush_pending(self, force: bool = False) -> None:
@@ -211,6 +218,7 @@ class Recorder:
                 return
             pending.popleft()
             self._unresolved -= 1
+            self._divert()
             self._check([done])
 
     def _check(self, batch: list) -> None:
@@ -230,6 +238,7 @@ class Recorder:
     def _drop_pending(self) -> None:
         self.queue.clear()
         self._unresolved = 0
+        self._divert()
 
     # -- storage deaths -------------------------------------------------------------------------
     def set_liveness_poll(self, poll, before=(HostSync, StreamWaitEvent, StreamWaitStream, Kernel,
@@ -241,12 +250,14 @@ class Recorder:
         would with eager execution, and not again when they really die."""
         self._liveness = poll
         self._liveness_before = tuple(before)
+        self._divert()
 
     def _poll_liveness(self) -> None:
         try:
             early = self._liveness()
         except Exception as exc:
             self._liveness = None
+            self._divert()
             self.internal_error(exc, "while polling storage liveness")
             return
         if early:

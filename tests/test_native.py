@@ -141,6 +141,29 @@ def test_plain_kernels_record_the_same_events():
     assert any(e.get("op") == "add_" for e in c_events)
 
 
+
+@needs_c
+def test_a_reassigned_tensor_method_is_called_by_the_c_path(monkeypatch):
+    """The C footprints call torch's methods without a name lookup while the tensor type is
+    unchanged; reassigning one (as a patch or a debugger does) must reach them at once."""
+    calls = []
+    orig = torch.Tensor.storage_offset
+
+    def counted(self):
+        calls.append(1)
+        return orig(self)
+
+    with c_path(True), racecheck.session(device="sim") as rc:
+        a = torch.zeros(8)
+        (a + 1).add_(1)                 # the cache holds torch.Tensor's methods from here
+        monkeypatch.setattr(torch.Tensor, "storage_offset", counted)
+        b = a + 2                       # a new output: its footprint reads storage_offset()
+        monkeypatch.undo()
+        c = a + 3
+    assert calls, "the C path did not see the reassigned method"
+    assert b.tolist() == [2.0] * 8 and c.tolist() == [3.0] * 8
+    assert rc.findings == [] and rc.internal_errors == []
+
 @pytest.mark.skipif(native.engine_built is None, reason="the C engine is not built here")
 def test_a_checker_error_in_c_still_names_the_event(monkeypatch):
     """The engine failing to hand its state over (here: a class of the Python state that raises)
