@@ -172,6 +172,14 @@ def _positions(offset, shape, stride):
 _IS_CPU = operator.attrgetter("is_cpu")
 
 
+class _WrapperState(threading.local):
+    """Per host thread, for the wrappers; class defaults keep a missing attribute (an exception
+    raised and cleared) off every record, wait and replay."""
+
+    mute = 0                # > 0 while racecheck itself calls the device module
+    pending_eid = None      # the id a record wrapper hands to the runtime's creation callback
+
+
 class DeviceBackend(Backend):
     """A real accelerator behind a torch device module (`torch.cuda`, `torch.npu`)."""
 
@@ -189,7 +197,7 @@ class DeviceBackend(Backend):
         super().__init__(sink)
         self.module = module
         self.executor = _DeviceExecutor(self)
-        self._tls = threading.local()
+        self._tls = _WrapperState()
         self._trace = trace if callbacks else None
         self._trace_id = id(trace) if trace is not None else None
         self._trace_style = trace_style
@@ -649,9 +657,8 @@ class DeviceBackend(Backend):
         def make(orig):
             return fast.SyncHook(
                 kind=kind, orig=orig, backend=self, globals=globals(), sink=sink, tls=self.tls,
-                mute_tls=self._tls, token=self._token, attr=attr, eids=self._eids,
-                tids=self._tids, dtype=self._dtype, handle_attr=self.event_handle_attr,
-                stream_of=self.stream_of, current_tid=self.current_stream_tid,
+                mute_tls=self._tls, token=self._token, attr=attr, tids=self._tids,
+                dtype=self._dtype, stream_of=self.stream_of, current_tid=self.current_stream_tid,
                 capture=stacks.capture, emit=sink.emit, event_type=event_type,
                 internal_error=sink.internal_error, where=where)
         return make

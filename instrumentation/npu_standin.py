@@ -11,7 +11,8 @@ What it mimics (the API surface of torch_npu 2.x, which copies `torch.cuda`'s):
   data live in a CPU tensor; every op runs eagerly on the CPU in issue order;
 * `Stream` (a `torch.Stream`: `stream_id`, `device_index`, `npu_stream` handle, `wait_event`,
   `wait_stream`, `record_event`, `query`, `synchronize`), `Event` (created lazily at first record,
-  `npu_event`, `record`, `wait`, `query`, `synchronize`, `elapsed_time`), `current_stream`,
+  `npu_event`, `record`, `wait`, `query`, `synchronize`, `elapsed_time`; a destroyed event's
+  handle goes to the next event created, as CUDA's runtime does), `current_stream`,
   `default_stream`, `set_stream`, `stream(s)`, `synchronize`, `device_count` (2), `set_device`,
   `device(i)`, `NPUGraph` / `graph` (capture records ops, replay re-runs them), `_sleep(cycles)`
   (a virtual clock per stream that events read, so delay calibration has something to measure);
@@ -92,6 +93,7 @@ class _Runtime:
         self.handles = {}            # (device, stream id) -> raw handle
         self.next_handle = 0x1000
         self.next_event = 0x80000
+        self.free_events = []        # handles of destroyed events, reused first (as CUDA's are)
         self.vt = {}                 # (device, stream id) -> virtual microseconds (from _sleep)
         self.sleeps = []             # (device, stream id, cycles): what _sleep was asked for
         self.lag = 0                 # an event's query() is False this many times after a record
@@ -234,8 +236,11 @@ class Event:
         s = stream if stream is not None else current_stream()
         if not self._handle:
             with _lock:
-                self._handle = _RT.next_event
-                _RT.next_event += 0x10
+                if _RT.free_events:             # the runtime reuses a destroyed event's handle
+                    self._handle = _RT.free_events.pop()
+                else:
+                    self._handle = _RT.next_event
+                    _RT.next_event += 0x10
             _RT.fire("event_creation", self._handle)
         self._t = _RT.vt.get((s.device_index, s.stream_id), 0.0)
         self._lag = _RT.lag
@@ -267,8 +272,11 @@ class Event:
 
     def __del__(self):
         try:
-            if self._handle and _RT.trace_active:
-                _RT.fire("event_deletion", self._handle)
+            if self._handle:
+                if _RT.trace_active:
+                    _RT.fire("event_deletion", self._handle)
+                with _lock:
+                    _RT.free_events.append(self._handle)
         except Exception:
             pass
 

@@ -2087,15 +2087,14 @@ typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     int kind;
-    PyObject *orig, *backend, *globals, *sink, *tls, *mute_tls, *token, *attr, *eids, *tids,
-        *dtype, *handle_attr, *stream_of, *current_tid, *capture, *emit, *event_type,
-        *internal_error, *where;
+    PyObject *orig, *backend, *globals, *sink, *tls, *mute_tls, *token, *attr, *tids, *dtype,
+        *stream_of, *current_tid, *capture, *emit, *event_type, *internal_error, *where;
     int native_capture;
 } SyncHook;
 
 #define SH_FIELDS(X) X(orig) X(backend) X(globals) X(sink) X(tls) X(mute_tls) X(token) X(attr) \
-    X(eids) X(tids) X(dtype) X(handle_attr) X(stream_of) X(current_tid) X(capture) X(emit)     \
-    X(event_type) X(internal_error) X(where)
+    X(tids) X(dtype) X(stream_of) X(current_tid) X(capture) X(emit) X(event_type)              \
+    X(internal_error) X(where)
 
 static int sh_traverse(SyncHook *h, visitproc visit, void *arg) {
 #define V(f) Py_VISIT(h->f);
@@ -2169,41 +2168,6 @@ static PyObject *sh_obj_eid(SyncHook *h, PyObject *ev, int create) {
     return eid;
 }
 
-/* DeviceBackend._eid_of(ev): by the runtime handle once the event has one */
-static PyObject *sh_eid_of(SyncHook *h, PyObject *ev) {
-    PyObject *hd = PyObject_GetAttr(ev, h->handle_attr);
-    if (hd == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
-            return NULL;
-        PyErr_Clear();
-        return sh_obj_eid(h, ev, 1);
-    }
-    int has = PyObject_IsTrue(hd);
-    if (has <= 0) {
-        Py_DECREF(hd);
-        return has < 0 ? NULL : sh_obj_eid(h, ev, 1);
-    }
-    PyObject *eid = PyDict_GetItemWithError(h->eids, hd);
-    if (eid != NULL) {
-        Py_INCREF(eid);
-        Py_DECREF(hd);
-        return eid;
-    }
-    if (PyErr_Occurred()) {
-        Py_DECREF(hd);
-        return NULL;
-    }
-    eid = sh_obj_eid(h, ev, 0);
-    if (eid == Py_None) {
-        Py_DECREF(eid);
-        eid = PyObject_CallMethodNoArgs(h->sink, s_new_event_id);
-    }
-    if (eid != NULL && PyDict_SetItem(h->eids, hd, eid) < 0)
-        Py_CLEAR(eid);
-    Py_DECREF(hd);
-    return eid;
-}
-
 /* record_tid(stream): the current stream's timeline, or DeviceBackend.stream_of(stream) (a
    known stream of this device type looked up here, anything else in Python) */
 static PyObject *sh_stream_tid(SyncHook *h, PyObject *stream) {
@@ -2258,8 +2222,10 @@ static void sh_report(SyncHook *h, PyObject *ev, PyObject *stream) {
         static Layout L;
         rc = sh_emit(h, names, values, 4, &L);
     } else {
-        /* StreamWaitEvent(thread, record_tid(stream), _eid_of(ev), capture()) */
-        if (!(tid = sh_stream_tid(h, stream)) || !(eid = sh_eid_of(h, ev)) ||
+        /* StreamWaitEvent(thread, record_tid(stream), _obj_eid(ev), capture()): without trace
+           callbacks an event's id lives on the object (a runtime handle is reused once its
+           event is destroyed, and nothing reports that) */
+        if (!(tid = sh_stream_tid(h, stream)) || !(eid = sh_obj_eid(h, ev, 1)) ||
             !(stack = stack_from(h->capture, h->native_capture, 1)))
             goto done;
         PyObject *names[4] = {s_thread, s_stream, s_event, s_stack};
@@ -2371,26 +2337,24 @@ static PyObject *sh_descr_get(PyObject *self, PyObject *obj, PyObject *type) {
 
 static PyObject *sh_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"kind", "orig", "backend", "globals", "sink", "tls", "mute_tls",
-                             "token", "attr", "eids", "tids", "dtype", "handle_attr", "stream_of",
-                             "current_tid", "capture", "emit", "event_type", "internal_error",
-                             "where", NULL};
+                             "token", "attr", "tids", "dtype", "stream_of", "current_tid",
+                             "capture", "emit", "event_type", "internal_error", "where", NULL};
     SyncHook *h = (SyncHook *)type->tp_alloc(type, 0);
     if (h == NULL)
         return NULL;
-    PyObject *o[19] = {NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOOO!OOOOOO!O!OOOOOOOOO:SyncHook", kwlist,
+    PyObject *o[17] = {NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOOO!OOOOOO!OOOOOOOO:SyncHook", kwlist,
                                      &h->kind, &o[0], &o[1], &PyDict_Type, &o[2], &o[3], &o[4],
-                                     &o[5], &o[6], &o[7], &PyDict_Type, &o[8], &PyDict_Type,
-                                     &o[9], &o[10], &o[11], &o[12], &o[13], &o[14], &o[15],
-                                     &o[16], &o[17], &o[18])) {
+                                     &o[5], &o[6], &o[7], &PyDict_Type, &o[8], &o[9], &o[10],
+                                     &o[11], &o[12], &o[13], &o[14], &o[15], &o[16])) {
         Py_DECREF(h);
         return NULL;
     }
-    PyObject **dst[19] = {&h->orig, &h->backend, &h->globals, &h->sink, &h->tls, &h->mute_tls,
-                          &h->token, &h->attr, &h->eids, &h->tids, &h->dtype, &h->handle_attr,
-                          &h->stream_of, &h->current_tid, &h->capture, &h->emit, &h->event_type,
+    PyObject **dst[17] = {&h->orig, &h->backend, &h->globals, &h->sink, &h->tls, &h->mute_tls,
+                          &h->token, &h->attr, &h->tids, &h->dtype, &h->stream_of,
+                          &h->current_tid, &h->capture, &h->emit, &h->event_type,
                           &h->internal_error, &h->where};
-    for (int i = 0; i < 19; i++) {
+    for (int i = 0; i < 17; i++) {
         Py_INCREF(o[i]);
         *dst[i] = o[i];
     }

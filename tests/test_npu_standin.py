@@ -11,6 +11,7 @@ Debug the child directly:  python tests/test_npu_standin.py --worker [check-or-c
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -211,6 +212,34 @@ def check_event_query_is_acquire(ctx):
             pass
         y = x * 2  # noqa: F841
     _clean(rc)
+
+
+@check()
+def check_reused_event_handle_is_a_new_event(ctx):
+    """The runtime gives a destroyed event's handle to the next event created (CUDA does; the
+    stand-in mimics it). A wait on the new event is ordered after its own record, not the old
+    event's: an event per step, as engines make them, must stay clean."""
+    with ctx.session() as rc:
+        dm = ctx.dm(rc)
+        s = dm.Stream()
+        x = torch.zeros(8, device=ctx.device)
+        s.wait_stream(dm.current_stream())
+        handles = []
+        for _ in range(4):
+            e = dm.Event()
+            with dm.stream(s):
+                x.add_(1)
+            e.record(s)
+            dm.current_stream().wait_event(e)
+            y = x * 2  # noqa: F841
+            s.wait_stream(dm.current_stream())
+            handles.append(getattr(e, "npu_event", None) or getattr(e, "cuda_event", None))
+            del e
+            gc.collect()
+        dm.synchronize()
+    _clean(rc)
+    if ctx.device == "npu":
+        assert len(set(handles)) == 1, f"the stand-in did not reuse the handle: {handles}"
 
 
 @check()
