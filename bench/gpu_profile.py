@@ -64,6 +64,15 @@ def _statements(torch):
     def in_stream():
         with dm.stream(s):
             pass
+
+    g = dm.CUDAGraph()              # one captured in-place kernel: a replay's own cost
+    gx = torch.zeros(8, 512, device="cuda")
+    s.wait_stream(cur)
+    with dm.stream(s):
+        gx.add_(1)                  # warm-up off the capture, as torch asks
+    cur.wait_stream(s)
+    with dm.graph(g):
+        gx.add_(1)
     return {
         "x @ w (a temporary)": lambda: x @ w,
         "torch.relu(x) (a temporary)": lambda: torch.relu(x),
@@ -78,6 +87,7 @@ def _statements(torch):
         "cur.wait_event(ev)": lambda: cur.wait_event(ev),
         "s.wait_stream(cur)": lambda: s.wait_stream(cur),
         "dm.current_stream()": lambda: dm.current_stream(),
+        "g.replay() (one captured kernel)": lambda: g.replay(),
     }
 
 
