@@ -28,7 +28,7 @@ static PyObject *s_ACTIVE, *s_mute, *s_new_event_id, *s_event, *s_graph, *s_grap
     *s_busy, *s_flush_pending, *s_numel, *s_is_contiguous, *s_untyped_storage, *s_cdata,
     *s_element_size, *s_storage_offset, *s_is_view, *s_approx, *s_new_are_host, *s_host_of,
     *s_next, *s_by_cdata, *s_cdata_of, *s_host_sids, *s_nbytes, *s_on_new, *s_is_cpu,
-    *s_get_device, *s_popleft, *s_current_stream_tid, *s_nbytes_attr, *s_emit, *one, *minus_one,
+    *s_get_device, *s_popleft, *s_current_stream_tid, *s_emit, *minus_one,
     *empty_tuple;
 
 static int intern_all(void) {
@@ -53,9 +53,9 @@ static int intern_all(void) {
     I(s_cdata_of, "_cdata_of"); I(s_host_sids, "host_sids"); I(s_nbytes, "nbytes");
     I(s_on_new, "_on_new"); I(s_is_cpu, "is_cpu"); I(s_get_device, "get_device");
     I(s_popleft, "popleft"); I(s_current_stream_tid, "current_stream_tid");
-    I(s_nbytes_attr, "nbytes"); I(s_emit, "emit");
+    I(s_emit, "emit");
 #undef I
-    if (!(one = PyLong_FromLong(1)) || !(minus_one = PyLong_FromLong(-1)) || !(empty_tuple = PyTuple_New(0)))
+    if (!(minus_one = PyLong_FromLong(-1)) || !(empty_tuple = PyTuple_New(0)))
         return -1;
     return 0;
 }
@@ -469,6 +469,24 @@ static PyObject *mcall(PyObject *obj, int m) {
     return PyObject_CallMethodNoArgs(obj, method_name(m));
 }
 
+/* traverse, clear and dealloc of a GC type whose references are the fields FIELDS(X) names */
+#define GC_VISIT_(f) Py_VISIT(o->f);
+#define GC_CLEAR_(f) Py_CLEAR(o->f);
+#define GC_METHODS(prefix, Type, FIELDS)                                                      \
+    static int prefix##_traverse(Type *o, visitproc visit, void *arg) {                       \
+        FIELDS(GC_VISIT_)                                                                     \
+        return 0;                                                                             \
+    }                                                                                         \
+    static int prefix##_clear(Type *o) {                                                      \
+        FIELDS(GC_CLEAR_)                                                                     \
+        return 0;                                                                             \
+    }                                                                                         \
+    static void prefix##_dealloc(Type *o) {                                                   \
+        PyObject_GC_UnTrack(o);                                                               \
+        prefix##_clear(o);                                                                    \
+        Py_TYPE(o)->tp_free((PyObject *)o);                                                   \
+    }
+
 /* ---- the recorder's emit ------------------------------------------------------------------- */
 
 /* Recorder.emit's common case (nothing unresolved, no liveness poll): report storage deaths,
@@ -482,17 +500,9 @@ typedef struct {
     int divert;     /* something unresolved or a liveness poll: every event takes the slow emit */
 } Emitter;
 
-static int em_traverse(Emitter *e, visitproc visit, void *arg) {
-    Py_VISIT(e->recorder); Py_VISIT(e->pending); Py_VISIT(e->slow); Py_VISIT(e->dead);
-    Py_VISIT(e->tls); Py_VISIT(e->free_type); Py_VISIT(e->append); Py_VISIT(e->popleft);
-    return 0;
-}
-
-static int em_clear(Emitter *e) {
-    Py_CLEAR(e->recorder); Py_CLEAR(e->pending); Py_CLEAR(e->slow); Py_CLEAR(e->dead);
-    Py_CLEAR(e->tls); Py_CLEAR(e->free_type); Py_CLEAR(e->append); Py_CLEAR(e->popleft);
-    return 0;
-}
+#define EM_FIELDS(X) X(recorder) X(pending) X(slow) X(dead) X(tls) X(free_type) X(append)         \
+    X(popleft)
+GC_METHODS(em, Emitter, EM_FIELDS)
 
 /* The host timeline of the calling thread: tls.tid, else sink.thread_tid() (new reference) */
 static PyObject *thread_of(PyObject *tls, PyObject *sink) {
@@ -597,12 +607,6 @@ static int drain_dead(Emitter *e) {
     }
     Py_DECREF(thread);
     return rc;
-}
-
-static void em_dealloc(Emitter *e) {
-    PyObject_GC_UnTrack(e);
-    em_clear(e);
-    Py_TYPE(e)->tp_free((PyObject *)e);
 }
 
 static int attr_true(PyObject *obj, PyObject *name) {
@@ -715,23 +719,8 @@ typedef struct {
     PyObject *sink, *tls, *backend, *alloc_type, *emit;   /* emit: sink.emit, bound once as plans do */
 } AllocEmitter;
 
-static int ae_traverse(AllocEmitter *a, visitproc visit, void *arg) {
-    Py_VISIT(a->sink); Py_VISIT(a->tls); Py_VISIT(a->backend); Py_VISIT(a->alloc_type);
-    Py_VISIT(a->emit);
-    return 0;
-}
-
-static int ae_clear(AllocEmitter *a) {
-    Py_CLEAR(a->sink); Py_CLEAR(a->tls); Py_CLEAR(a->backend); Py_CLEAR(a->alloc_type);
-    Py_CLEAR(a->emit);
-    return 0;
-}
-
-static void ae_dealloc(AllocEmitter *a) {
-    PyObject_GC_UnTrack(a);
-    ae_clear(a);
-    Py_TYPE(a)->tp_free((PyObject *)a);
-}
+#define AE_FIELDS(X) X(sink) X(tls) X(backend) X(alloc_type) X(emit)
+GC_METHODS(ae, AllocEmitter, AE_FIELDS)
 
 static PyObject *ae_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
                                PyObject *kwnames) {
@@ -761,7 +750,7 @@ static PyObject *ae_vectorcall(PyObject *self, PyObject *const *args, size_t nar
         Py_DECREF(thread);
         return NULL;
     }
-    PyObject *names[6] = {s_thread, s_block, s_stream, s_nbytes_attr, s_host, s_stack};
+    PyObject *names[6] = {s_thread, s_block, s_stream, s_nbytes, s_host, s_stack};
     PyObject *values[6] = {thread, args[0], stream, args[1], args[2], empty_tuple};
     static Layout L;
     PyObject *ev = new_event(&L, a->alloc_type, names, values, 6);
@@ -819,23 +808,8 @@ typedef struct {
     PyObject *key, *sid, *by_cdata, *cdata_of, *host_sids, *dead;
 } DeathWatch;
 
-static int dw_traverse(DeathWatch *w, visitproc visit, void *arg) {
-    Py_VISIT(w->key); Py_VISIT(w->sid); Py_VISIT(w->by_cdata); Py_VISIT(w->cdata_of);
-    Py_VISIT(w->host_sids); Py_VISIT(w->dead);
-    return 0;
-}
-
-static int dw_clear(DeathWatch *w) {
-    Py_CLEAR(w->key); Py_CLEAR(w->sid); Py_CLEAR(w->by_cdata); Py_CLEAR(w->cdata_of);
-    Py_CLEAR(w->host_sids); Py_CLEAR(w->dead);
-    return 0;
-}
-
-static void dw_dealloc(DeathWatch *w) {
-    PyObject_GC_UnTrack(w);
-    dw_clear(w);
-    Py_TYPE(w)->tp_free((PyObject *)w);
-}
+#define DW_FIELDS(X) X(key) X(sid) X(by_cdata) X(cdata_of) X(host_sids) X(dead)
+GC_METHODS(dw, DeathWatch, DW_FIELDS)
 
 /* Where the last reference went (the `del`, the rebinding, the return that dropped the
    tensor): one frame when it is the program's, else the program's frames around it. */
@@ -911,23 +885,8 @@ typedef struct {
     long long next;
 } Registrar;
 
-static int rg_traverse(Registrar *r, visitproc visit, void *arg) {
-    Py_VISIT(r->reg); Py_VISIT(r->by_cdata); Py_VISIT(r->cdata_of); Py_VISIT(r->host_sids);
-    Py_VISIT(r->dead); Py_VISIT(r->on_new);
-    return 0;
-}
-
-static int rg_clear(Registrar *r) {
-    Py_CLEAR(r->reg); Py_CLEAR(r->by_cdata); Py_CLEAR(r->cdata_of); Py_CLEAR(r->host_sids);
-    Py_CLEAR(r->dead); Py_CLEAR(r->on_new);
-    return 0;
-}
-
-static void rg_dealloc(Registrar *r) {
-    PyObject_GC_UnTrack(r);
-    rg_clear(r);
-    Py_TYPE(r)->tp_free((PyObject *)r);
-}
+#define RG_FIELDS(X) X(reg) X(by_cdata) X(cdata_of) X(host_sids) X(dead) X(on_new)
+GC_METHODS(rg, Registrar, RG_FIELDS)
 
 static PyObject *rg_register(Registrar *r, PyObject *t, PyObject *st, int host) {
     PyObject *key = NULL, *sid = NULL, *ref = NULL, *entry = NULL, *nbytes = NULL,
@@ -1059,23 +1018,9 @@ typedef struct {
     PyObject *by_cdata, *register_fn, *compute, *footprint_type, *tok, *attr, *born_attr;
 } Footprints;
 
-static int fps_traverse(Footprints *f, visitproc visit, void *arg) {
-    Py_VISIT(f->by_cdata); Py_VISIT(f->register_fn); Py_VISIT(f->compute);
-    Py_VISIT(f->footprint_type); Py_VISIT(f->tok); Py_VISIT(f->attr); Py_VISIT(f->born_attr);
-    return 0;
-}
-
-static int fps_clear(Footprints *f) {
-    Py_CLEAR(f->by_cdata); Py_CLEAR(f->register_fn); Py_CLEAR(f->compute);
-    Py_CLEAR(f->footprint_type); Py_CLEAR(f->tok); Py_CLEAR(f->attr); Py_CLEAR(f->born_attr);
-    return 0;
-}
-
-static void fps_dealloc(Footprints *f) {
-    PyObject_GC_UnTrack(f);
-    fps_clear(f);
-    Py_TYPE(f)->tp_free((PyObject *)f);
-}
+#define FPS_FIELDS(X) X(by_cdata) X(register_fn) X(compute) X(footprint_type) X(tok) X(attr)      \
+    X(born_attr)
+GC_METHODS(fps, Footprints, FPS_FIELDS)
 
 static long long call0_ll(PyObject *obj, int m, int *err) {
     PyObject *v = mcall(obj, m);
@@ -1312,21 +1257,8 @@ typedef struct {
     int by_args;
 } StreamOf;
 
-static int so_traverse(StreamOf *o, visitproc visit, void *arg) {
-    Py_VISIT(o->cur); Py_VISIT(o->tids); Py_VISIT(o->slow); Py_VISIT(o->tensor);
-    return 0;
-}
-
-static int so_clear(StreamOf *o) {
-    Py_CLEAR(o->cur); Py_CLEAR(o->tids); Py_CLEAR(o->slow); Py_CLEAR(o->tensor);
-    return 0;
-}
-
-static void so_dealloc(StreamOf *o) {
-    PyObject_GC_UnTrack(o);
-    so_clear(o);
-    Py_TYPE(o)->tp_free((PyObject *)o);
-}
+#define SO_FIELDS(X) X(cur) X(tids) X(slow) X(tensor)
+GC_METHODS(so, StreamOf, SO_FIELDS)
 
 static PyObject *so_known(StreamOf *o, PyObject *dev) {
     PyObject *key = PyObject_CallOneArg(o->cur, dev);
@@ -1427,29 +1359,9 @@ typedef struct {
     int role[16];
 } FastPlan;
 
-static int fp_traverse(FastPlan *p, visitproc visit, void *arg) {
-    Py_VISIT(p->pinned); Py_VISIT(p->names); Py_VISIT(p->kernel); Py_VISIT(p->oc);
-    Py_VISIT(p->tls); Py_VISIT(p->fp);
-    Py_VISIT(p->capture); Py_VISIT(p->stream_fn); Py_VISIT(p->backend); Py_VISIT(p->call);
-    Py_VISIT(p->execute); Py_VISIT(p->outs); Py_VISIT(p->sink); Py_VISIT(p->emit);
-    Py_VISIT(p->kernel_type); Py_VISIT(p->name); Py_VISIT(p->tensor);
-    return 0;
-}
-
-static int fp_clear(FastPlan *p) {
-    Py_CLEAR(p->pinned); Py_CLEAR(p->names); Py_CLEAR(p->kernel); Py_CLEAR(p->oc);
-    Py_CLEAR(p->tls); Py_CLEAR(p->fp);
-    Py_CLEAR(p->capture); Py_CLEAR(p->stream_fn); Py_CLEAR(p->backend); Py_CLEAR(p->call);
-    Py_CLEAR(p->execute); Py_CLEAR(p->outs); Py_CLEAR(p->sink); Py_CLEAR(p->emit);
-    Py_CLEAR(p->kernel_type); Py_CLEAR(p->name); Py_CLEAR(p->tensor);
-    return 0;
-}
-
-static void fp_dealloc(FastPlan *p) {
-    PyObject_GC_UnTrack(p);
-    fp_clear(p);
-    Py_TYPE(p)->tp_free((PyObject *)p);
-}
+#define FP_FIELDS(X) X(pinned) X(names) X(kernel) X(oc) X(tls) X(fp) X(capture) X(stream_fn)      \
+    X(backend) X(call) X(execute) X(outs) X(sink) X(emit) X(kernel_type) X(name) X(tensor)
+GC_METHODS(fp, FastPlan, FP_FIELDS)
 
 static PyObject *fallback(FastPlan *p, PyObject *func, PyObject *a, PyObject *kw) {
     PyObject *args[4] = {func, a, kw, p->oc};
@@ -1796,28 +1708,10 @@ typedef struct {
     Py_ssize_t skip;
 } SpecialPlan;
 
-#define SP_FIELDS(X) X(slow) X(tls) X(fp) X(capture) X(stream_fn) X(backend) X(call) X(execute) \
-    X(sink) X(emit) X(kernel_type) X(host_sync_type) X(name) X(tensor) X(pending) X(born_attr) X(wait)
-
-static int sp_traverse(SpecialPlan *p, visitproc visit, void *arg) {
-#define V(f) Py_VISIT(p->f);
-    SP_FIELDS(V)
-#undef V
-    return 0;
-}
-
-static int sp_clear(SpecialPlan *p) {
-#define C(f) Py_CLEAR(p->f);
-    SP_FIELDS(C)
-#undef C
-    return 0;
-}
-
-static void sp_dealloc(SpecialPlan *p) {
-    PyObject_GC_UnTrack(p);
-    sp_clear(p);
-    Py_TYPE(p)->tp_free((PyObject *)p);
-}
+#define SP_FIELDS(X) X(slow) X(tls) X(fp) X(capture) X(stream_fn) X(backend) X(call) X(execute)   \
+    X(sink) X(emit) X(kernel_type) X(host_sync_type) X(name) X(tensor) X(pending) X(born_attr)    \
+    X(wait)
+GC_METHODS(sp, SpecialPlan, SP_FIELDS)
 
 static PyObject *sp_slow(SpecialPlan *p, PyObject *func, PyObject *a, PyObject *kw) {
     PyObject *args[3] = {func, a, kw};
@@ -2092,29 +1986,10 @@ typedef struct {
     int native_capture;
 } SyncHook;
 
-#define SH_FIELDS(X) X(orig) X(backend) X(globals) X(sink) X(tls) X(mute_tls) X(token) X(attr) \
-    X(tids) X(dtype) X(stream_of) X(current_tid) X(capture) X(emit) X(event_type)              \
+#define SH_FIELDS(X) X(orig) X(backend) X(globals) X(sink) X(tls) X(mute_tls) X(token) X(attr)    \
+    X(tids) X(dtype) X(stream_of) X(current_tid) X(capture) X(emit) X(event_type)                 \
     X(internal_error) X(where)
-
-static int sh_traverse(SyncHook *h, visitproc visit, void *arg) {
-#define V(f) Py_VISIT(h->f);
-    SH_FIELDS(V)
-#undef V
-    return 0;
-}
-
-static int sh_clear(SyncHook *h) {
-#define C(f) Py_CLEAR(h->f);
-    SH_FIELDS(C)
-#undef C
-    return 0;
-}
-
-static void sh_dealloc(SyncHook *h) {
-    PyObject_GC_UnTrack(h);
-    sh_clear(h);
-    Py_TYPE(h)->tp_free((PyObject *)h);
-}
+GC_METHODS(sh, SyncHook, SH_FIELDS)
 
 /* DeviceBackend._live: this backend is the active one, checking, not muted */
 static int sh_live(SyncHook *h) {
