@@ -526,6 +526,8 @@ class DeviceBackend(Backend):
             def make(orig):
                 def wrapper(obj=None, *args):
                     allowed = gate(obj)
+                    if not only_if_true and allowed:
+                        b.sink.idle()
                     out = orig(obj, *args)
                     if allowed and (out or not only_if_true) and b._live():
                         t = target(obj, *args)
@@ -548,6 +550,7 @@ class DeviceBackend(Backend):
             """`synchronize(device=None)` (the module's, torch.accelerator's): the host waited for
             the device; by keyword too, which host_sync's positional wrapper does not take."""
             def synchronize(device=None):
+                b.sink.idle()
                 out = orig(device)
                 if b._live():
                     b.emit_host_sync("device", device_index(device))
@@ -630,14 +633,20 @@ class DeviceBackend(Backend):
         def make_replay(orig):
             def replay(g):
                 d = g.__dict__.get(_GID_ATTR)
-                if b._live() and d is not None and d[0] is b._token:
+                if not (b._live() and d is not None and d[0] is b._token):
+                    return orig(g)
+                tid = b.current_stream_tid()
+                hook = b.before_launch
+                if hook is not None:
+                    hook(tid, "graph_replay")
+                out = orig(g)
+                # reported once launched: its cost overlaps the graph's work, not delays it
+                try:
                     s = b.sink
-                    tid = b.current_stream_tid()
-                    hook = b.before_launch
-                    if hook is not None:
-                        hook(tid, "graph_replay")
                     s.emit(GraphReplay(s.thread_tid(), d[1], tid, stacks.capture()))
-                return orig(g)
+                except Exception as exc:
+                    b.sink.internal_error(exc, "in graph replay wrapper")
+                return out
             return replay
 
         if native.speedups is not None:                   # the same wrapper in C

@@ -490,18 +490,19 @@ static PyObject *mcall(PyObject *obj, int m) {
 /* ---- the recorder's emit ------------------------------------------------------------------- */
 
 /* Recorder.emit's common case (nothing unresolved, no liveness poll): report storage deaths,
-   append to the queue, hand a full batch to the checker; anything else calls the Python emit. */
+   append to the queue, hand a batch to the checker at a host sync (or a full queue); anything
+   else calls the Python emit. */
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
-    PyObject *recorder, *pending, *slow, *dead, *tls, *free_type;
+    PyObject *recorder, *pending, *slow, *dead, *tls, *free_type, *sync_type;
     PyObject *append, *popleft;     /* pending.append, dead.popleft */
-    Py_ssize_t batch;
+    Py_ssize_t batch, cap;
     int divert;     /* something unresolved or a liveness poll: every event takes the slow emit */
 } Emitter;
 
-#define EM_FIELDS(X) X(recorder) X(pending) X(slow) X(dead) X(tls) X(free_type) X(append)         \
-    X(popleft)
+#define EM_FIELDS(X) X(recorder) X(pending) X(slow) X(dead) X(tls) X(free_type) X(sync_type)     \
+    X(append) X(popleft)
 GC_METHODS(em, Emitter, EM_FIELDS)
 
 /* The host timeline of the calling thread: tls.tid, else sink.thread_tid() (new reference) */
@@ -631,7 +632,7 @@ static PyObject *em_emit(Emitter *e, PyObject *ev) {
     Py_ssize_t n = PyObject_Length(e->pending);
     if (n < 0)
         return NULL;
-    if (n >= e->batch) {
+    if (n >= e->cap || (n >= e->batch && (PyObject *)Py_TYPE(ev) == e->sync_type)) {
         int busy = attr_true(e->recorder, s_busy);
         if (busy < 0)
             return NULL;
@@ -655,10 +656,10 @@ static PyObject *em_vectorcall(PyObject *self, PyObject *const *args, size_t nar
 }
 
 static PyObject *em_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    PyObject *recorder, *pending, *slow, *dead, *tls, *free_type;
-    Py_ssize_t batch;
-    if (!PyArg_ParseTuple(args, "OOnOOOO!:Emitter", &recorder, &pending, &batch, &slow, &dead,
-                          &tls, &PyType_Type, &free_type))
+    PyObject *recorder, *pending, *slow, *dead, *tls, *free_type, *sync_type;
+    Py_ssize_t batch, cap;
+    if (!PyArg_ParseTuple(args, "OOnnO!OOOO!:Emitter", &recorder, &pending, &batch, &cap,
+                          &PyType_Type, &sync_type, &slow, &dead, &tls, &PyType_Type, &free_type))
         return NULL;
     Emitter *e = (Emitter *)type->tp_alloc(type, 0);
     if (e == NULL)
@@ -669,7 +670,9 @@ static PyObject *em_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     Py_INCREF(dead); e->dead = dead;
     Py_INCREF(tls); e->tls = tls;
     Py_INCREF(free_type); e->free_type = free_type;
+    Py_INCREF(sync_type); e->sync_type = sync_type;
     e->batch = batch;
+    e->cap = cap;
     e->vectorcall = em_vectorcall;
     if (!(e->append = PyObject_GetAttr(pending, s_append)) ||
         !(e->popleft = PyObject_GetAttr(dead, s_popleft))) {
@@ -691,8 +694,8 @@ static PyTypeObject EmitterType = {
     .tp_members = em_members,
     .tp_basicsize = sizeof(Emitter),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "Emitter(recorder, pending, batch, slow_emit, dead, tls, Free): Recorder.emit's "
-              "common case in C",
+    .tp_doc = "Emitter(recorder, pending, batch, cap, HostSync, slow_emit, dead, tls, Free): "
+              "Recorder.emit's common case in C",
     .tp_new = em_new,
     .tp_dealloc = (destructor)em_dealloc,
     .tp_traverse = (traverseproc)em_traverse,
@@ -2081,6 +2084,22 @@ static int sh_emit(SyncHook *h, PyObject *const *names, PyObject *const *values,
     return r == NULL ? -1 : 0;
 }
 
+/* Report an error of racecheck's own (the program goes on): the exception set now, if any */
+static void sh_internal_error(SyncHook *h) {
+    PyObject *et, *ev_, *tb;
+    PyErr_Fetch(&et, &ev_, &tb);
+    PyErr_NormalizeException(&et, &ev_, &tb);
+    if (ev_ != NULL) {
+        PyObject *a[2] = {ev_, h->where};
+        PyObject *r = PyObject_Vectorcall(h->internal_error, a, 2, NULL);
+        Py_XDECREF(r);
+        PyErr_Clear();
+    }
+    Py_XDECREF(et);
+    Py_XDECREF(ev_);
+    Py_XDECREF(tb);
+}
+
 /* the event of a record or wait (any error is racecheck's: reported, the program goes on) */
 static void sh_report(SyncHook *h, PyObject *ev, PyObject *stream) {
     PyObject *thread = NULL, *eid = NULL, *tid = NULL, *stack = NULL;
@@ -2110,59 +2129,60 @@ static void sh_report(SyncHook *h, PyObject *ev, PyObject *stream) {
     }
 done:
     Py_XDECREF(thread); Py_XDECREF(eid); Py_XDECREF(tid); Py_XDECREF(stack);
-    if (rc < 0) {
-        PyObject *et, *ev_, *tb;
-        PyErr_Fetch(&et, &ev_, &tb);
-        PyErr_NormalizeException(&et, &ev_, &tb);
-        if (ev_ != NULL) {
-            PyObject *a[2] = {ev_, h->where};
-            PyObject *r = PyObject_Vectorcall(h->internal_error, a, 2, NULL);
-            Py_XDECREF(r);
-            PyErr_Clear();
-        }
-        Py_XDECREF(et);
-        Py_XDECREF(ev_);
-        Py_XDECREF(tb);
-    }
+    if (rc < 0)
+        sh_internal_error(h);
 }
 
-static PyObject *sh_call(SyncHook *h, PyObject *obj, PyObject *stream) {
-    if (h->kind == HOOK_REPLAY) {
-        PyObject *d = PyObject_GetAttr(obj, s_dict);
-        if (d == NULL)
-            return NULL;
-        PyObject *got = PyDict_Check(d) ? PyDict_GetItemWithError(d, h->attr) : NULL;
-        Py_XINCREF(got);
-        Py_DECREF(d);
-        if (got == NULL && PyErr_Occurred())
-            return NULL;
-        int live = sh_live(h);
-        if (live < 0) {
-            Py_XDECREF(got);
-            return NULL;
-        }
-        if (live && got != NULL && PyTuple_Check(got) && PyTuple_GET_SIZE(got) == 2 &&
-            PyTuple_GET_ITEM(got, 0) == h->token) {
-            PyObject *tid = sh_stream_tid(h, Py_None), *thread = NULL, *stack = NULL;
-            int rc = tid == NULL ? -1 : before_launch(h->backend, tid, s_graph_replay);
-            if (rc == 0 && (!(thread = thread_of(h->tls, h->sink)) || !(stack = stack_from(h->capture, h->native_capture, 1))))
-                rc = -1;
-            if (rc == 0) {
-                /* GraphReplay(thread, gid, tid, capture()) */
-                PyObject *names[4] = {s_thread, s_graph, s_stream, s_stack};
-                PyObject *values[4] = {thread, PyTuple_GET_ITEM(got, 1), tid, stack};
-                static Layout L;
-                rc = sh_emit(h, names, values, 4, &L);
-            }
-            Py_XDECREF(tid); Py_XDECREF(thread); Py_XDECREF(stack);
-            if (rc < 0) {
-                Py_DECREF(got);
-                return NULL;
-            }
-        }
+/* A graph's replay: the delay hook, the launch, then GraphReplay(thread, gid, tid, capture())
+   (reported once launched, so that its cost overlaps the graph's work instead of delaying it) */
+static PyObject *sh_replay(SyncHook *h, PyObject *obj) {
+    PyObject *d = PyObject_GetAttr(obj, s_dict);
+    if (d == NULL)
+        return NULL;
+    PyObject *got = PyDict_Check(d) ? PyDict_GetItemWithError(d, h->attr) : NULL;
+    Py_XINCREF(got);
+    Py_DECREF(d);
+    if (got == NULL && PyErr_Occurred())
+        return NULL;
+    int live = got != NULL ? sh_live(h) : 0;
+    if (live < 0) {
+        Py_DECREF(got);
+        return NULL;
+    }
+    if (!live || !PyTuple_Check(got) || PyTuple_GET_SIZE(got) != 2 ||
+        PyTuple_GET_ITEM(got, 0) != h->token) {
         Py_XDECREF(got);
         return PyObject_CallOneArg(h->orig, obj);
     }
+    PyObject *tid = sh_stream_tid(h, Py_None);
+    if (tid == NULL || before_launch(h->backend, tid, s_graph_replay) < 0) {
+        Py_XDECREF(tid);
+        Py_DECREF(got);
+        return NULL;
+    }
+    PyObject *out = PyObject_CallOneArg(h->orig, obj);
+    if (out != NULL) {
+        PyObject *thread = thread_of(h->tls, h->sink), *stack = NULL;
+        int rc = -1;
+        if (thread != NULL && (stack = stack_from(h->capture, h->native_capture, 1)) != NULL) {
+            PyObject *names[4] = {s_thread, s_graph, s_stream, s_stack};
+            PyObject *values[4] = {thread, PyTuple_GET_ITEM(got, 1), tid, stack};
+            static Layout L;
+            rc = sh_emit(h, names, values, 4, &L);
+        }
+        Py_XDECREF(thread);
+        Py_XDECREF(stack);
+        if (rc < 0)
+            sh_internal_error(h);
+    }
+    Py_DECREF(tid);
+    Py_DECREF(got);
+    return out;
+}
+
+static PyObject *sh_call(SyncHook *h, PyObject *obj, PyObject *stream) {
+    if (h->kind == HOOK_REPLAY)
+        return sh_replay(h, obj);
     PyObject *args[2] = {obj, stream};
     PyObject *out = PyObject_Vectorcall(h->orig, args, 2, NULL);
     if (out == NULL)

@@ -44,6 +44,7 @@ class FastChecker:
         self._py: Checker | None = None
         self._namer = None
         self.handed_over_at = None      # events the engine handled before the Python took over
+        self.handed_over_on = None      # the event it stopped at ("Kernel add_", ...)
 
     @property
     def namer(self):
@@ -83,6 +84,8 @@ class FastChecker:
         it = iter(events)
         stop = self._engine.process_all(it)
         if stop is not None:
+            op = getattr(stop, "op", None)
+            self.handed_over_on = type(stop).__name__ + (f" {op}" if op else "")
             self._handover().process_all(itertools.chain((stop,), it))
         return self
 

@@ -16,9 +16,13 @@ from .engine import new_checker
 from .trace import (Copy, Free, GraphReplay, HostSync, Kernel, NameTimeline, StreamWaitEvent,
                     StreamWaitStream, Trace)
 
-# Events reach the checker in batches of this many (or sooner, when anything reads its results):
-# one tight loop over the checker's code and state costs far less than one visit per op.
-BATCH = 128
+# Events reach the checker in batches: one tight loop over the checker's code and state costs far
+# less than one visit per op. A batch is checked when the host is about to wait for the device (a
+# `HostSync` is emitted or `idle()` called) and at least BATCH events are queued, so that the work
+# overlaps the device's; at CAP events in any case (a program that never waits); and whenever
+# anything reads the checker's results.
+BATCH = 32
+CAP = 1024
 
 
 class ThreadState(threading.local):
@@ -72,7 +76,8 @@ class Recorder:
         if fast is not None and type(self).emit is Recorder.emit:
             # emit's common case in C; the rest through the method below
             self.emit = self._fast_emit = fast.Emitter(
-                self, self.queue, BATCH, Recorder.emit.__get__(self), self.dead, self.tls, Free)
+                self, self.queue, BATCH, CAP, HostSync, Recorder.emit.__get__(self), self.dead,
+                self.tls, Free)
 
     def _divert(self) -> None:
         """Tell the C emit whether its common case holds (nothing unresolved, no liveness poll)."""
@@ -150,13 +155,21 @@ class Recorder:
                 if self.dead:
                     self._drain_dead()
                 pending.append(event)
-                if (self._unresolved or len(pending) >= BATCH) and not self._busy:
+                n = len(pending)
+                if (self._unresolved or n >= CAP or (n >= BATCH and type(event) is HostSync)) \
+                        and not self._busy:
                     self.flush_pending()
             return
         if self.dead:
             self._drain_dead()
         pending.append(event)
-        if len(pending) >= BATCH and not self._busy:
+        n = len(pending)
+        if (n >= CAP or (n >= BATCH and type(event) is HostSync)) and not self._busy:
+            self.flush_pending()
+
+    def idle(self) -> None:
+        """The host is about to wait for the device: check a batch now, while the device works."""
+        if len(self.queue) >= BATCH and not self._busy:
             self.flush_pending()
 
     @property

@@ -204,7 +204,7 @@ def test_iterator_resumes_after_the_handover():
     events = [NameTimeline(0, 1, "a"), NameTimeline(0, 2, "b"), Kernel(0, 1, (), (x,), "w", ST),
               Kernel(0, 2, (x,), (), "r", ST), Kernel(0, 2, (x,), (), "r2", ST)]
     f = fast().process_all(iter(events))
-    assert f.handed_over_at == 3 and f.events_processed == 5
+    assert f.handed_over_at == 3 and f.handed_over_on == "Kernel r" and f.events_processed == 5
     assert [x.rule for x in f.findings] == ["RC001"]
 
 

@@ -528,6 +528,93 @@ def check_index_snapshots_freed_by_refcount(ctx):
 
 
 @check(devices=("npu",))
+def check_replay_is_reported_once_launched(ctx):
+    """A replay's event is made after its launch (its cost overlaps the graph's work); a launch
+    that raises reports nothing; racecheck failing to report one is an internal error, never the
+    program's. The C wrapper and its Python reference alike."""
+    from racecheck import native
+    from racecheck.trace import GraphReplay
+    cls = ctx.module.NPUGraph
+    real = cls.replay
+    launched = []
+    rc = None
+
+    def spy(g):
+        launched.append(rc.recorder.position)
+        if getattr(g, "fail", False):
+            raise RuntimeError("launch failed")
+        return real(g)
+
+    was = native.speedups is not None
+    cls.replay = spy
+    try:
+        for on in (True, False):
+            native.use(on)
+            launched.clear()
+            with ctx.session(record_trace=True) as rc:
+                dm = ctx.dm(rc)
+                x = torch.zeros(8, device=ctx.device)
+                s = dm.Stream()
+                s.wait_stream(dm.current_stream())
+                g = dm.CUDAGraph()
+                with dm.stream(s):
+                    g.capture_begin()
+                    x.add_(1)
+                    g.capture_end()
+                dm.current_stream().wait_stream(s)
+                start = x.sum().item()
+                g.replay()
+                g.fail = True
+                try:
+                    g.replay()
+                except RuntimeError as exc:
+                    assert str(exc) == "launch failed"
+                else:
+                    raise AssertionError("the failed launch did not raise")
+                del g.fail
+                rc.recorder.dead.append(None)   # racecheck's own state broken: emit fails
+                g.replay()
+                assert x.sum().item() == start + 16, "a replay did not run"
+            replays = [i for i, ev in enumerate(rc.trace.events) if isinstance(ev, GraphReplay)]
+            # (a storage's Free may be queued ahead of it, never the replay ahead of the launch)
+            assert len(launched) == 3 and len(replays) == 1 and replays[0] >= launched[0], \
+                (on, replays, launched)
+            assert len(rc.internal_errors) == 1, rc.internal_errors
+            assert rc.internal_errors[0].startswith("in graph replay wrapper"), rc.internal_errors
+    finally:
+        cls.replay = real
+        native.use(was)
+
+
+@check(devices=("npu",))
+def check_queued_events_are_checked_before_the_host_waits(ctx):
+    """`synchronize()` checks the queued batch before it waits, while the device works."""
+    if ctx.variant != "wrappers":
+        return "with trace callbacks the runtime reports the wait before waiting"
+    from racecheck import recorder
+    m = ctx.module
+    real = m.synchronize
+    at = []
+    rc = None
+
+    def spy(device=None):
+        at.append((rc.recorder.seq, rc.recorder.position))
+        return real(device)
+
+    m.synchronize = spy
+    try:
+        with ctx.session() as rc:
+            x = torch.zeros(8, device=ctx.device)
+            for _ in range(recorder.BATCH + 8):
+                x.add_(1)
+            ctx.dm(rc).synchronize()
+    finally:
+        m.synchronize = real
+    _clean(rc)
+    assert len(at) == 1 and at[0][0] == at[0][1], at
+
+
+@check(devices=("npu",))
 def check_busy_kernel_without_sleep(ctx):
     """A torch_npu without `_sleep` (older CANN): delays become a calibrated busy kernel."""
     from racecheck.instrumentation import npu_standin
