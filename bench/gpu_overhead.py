@@ -15,7 +15,9 @@ racecheck runs with its defaults (on `cuda`: the device module's wrappers, torch
 the C hot path where it was built); `racecheck-py` the same with the C hot path off (the Python
 it ports); `racecheck-cb` (on request) with `callbacks=True` (torch's GPU trace callbacks too).
 
-    python bench/gpu_overhead.py [--quick] [--json OUT.json]
+    python bench/gpu_overhead.py [--quick] [--json OUT.json] [--rounds N] [--workloads eager,graph,eagle]
+                                 [--cpus 4,5]
+                                 [--configs plain,noop-mode,csan,racecheck,racecheck-py]
 """
 from __future__ import annotations
 
@@ -54,6 +56,8 @@ def _decode_step_factory(torch, dm, hidden=512, batch=8):
         out.copy_(h + positions.unsqueeze(1).to(h.dtype))
         plan_stream.wait_stream(dm.current_stream())
         return out[0, 0].item()
+    step.parts = dict(x=x, w1=w1, w2=w2, positions=positions, plan_buf=plan_buf, out=out,
+                      plan_stream=plan_stream, ready=ready)
 
     def graph_step_factory():
         static = {}
@@ -74,6 +78,7 @@ def _decode_step_factory(torch, dm, hidden=512, batch=8):
             positions.add_(1)
             static["g"].replay()
             return out[0, 0].item()
+        gstep.parts = (positions, g, out)       # for timing the statements inside the loop
         return gstep
 
     return step, graph_step_factory
@@ -109,8 +114,15 @@ def worker(config: str, workload: str, iters: int) -> dict:
         for _ in range(20):
             fn()
         dt = timed_blocks(fn, iters, torch.cuda.synchronize, blocks=1 if config == "csan" else BLOCKS)
-    findings = len(ctx.findings) if config.startswith("racecheck") else None
-    return {"config": config, "workload": workload, "ms_per_iter": dt * 1e3, "findings": findings}
+    findings = handover = None
+    if config.startswith("racecheck"):
+        findings = len(ctx.findings)
+        checker = ctx.recorder.checker
+        at = getattr(checker, "handed_over_at", None)
+        if at is not None:       # the C engine gave the run to the Python checker (slower)
+            handover = f"event {at}: {checker.handed_over_on}"
+    return {"config": config, "workload": workload, "ms_per_iter": dt * 1e3, "findings": findings,
+            "handover": handover}
 
 
 BLOCKS = 5      # timed blocks per process; the median block is the process's figure
@@ -164,10 +176,17 @@ def main(argv=None) -> int:
     p.add_argument("--worker")
     p.add_argument("--workload", default="eager")
     p.add_argument("--iters", type=int, default=200)
+    p.add_argument("--cpus", help="run every process on these CPUs (e.g. 4,5): a shared host "
+                   "schedules unpinned processes unevenly, which spreads the figures")
+    p.add_argument("--workloads", default=",".join(WORKLOADS + ("eagle",)),
+                   help="comma-separated, of eager, graph, eagle")
     p.add_argument("--configs", default=",".join(CONFIGS),
                    help=f"comma-separated, of {', '.join(CONFIGS + OPTIONAL)}")
     args = p.parse_args(argv)
     configs = tuple(c for c in args.configs.split(",") if c)
+    if args.cpus:       # inherited by the worker processes
+        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
+    workloads = tuple(w for w in args.workloads.split(",") if w)
     if args.worker:
         if args.workload == "eagle":
             print(json.dumps(eagle_worker(args.worker, args.iters)))
@@ -181,27 +200,28 @@ def main(argv=None) -> int:
     rounds = args.rounds or (1 if args.quick else 3)
     iters = 50 if args.quick else 300
     samples: dict = {}
-    for _ in range(rounds):
-        for workload in WORKLOADS:
+    for rnd in range(rounds):
+        for workload in (w for w in WORKLOADS if w in workloads):
             for config in configs:
                 r = run_worker(config, workload, iters)
                 if r:
                     samples.setdefault((workload, config), []).append(r)
-        for config in ("plain", "racecheck"):
+        for config in ("plain", "racecheck") if "eagle" in workloads else ():
             r = run_worker(config, "eagle", 10 if args.quick else 20)
             if r:
                 samples.setdefault(("eagle", config), []).append(r)
-        print(f"round {len(samples.get(('eager', 'plain'), []))}: "
+        print(f"round {rnd + 1}: "
               + ", ".join(f"{w}/{c} {rs[-1]['ms_per_iter']:.3f}" for (w, c), rs in samples.items()),
               flush=True)
     rows = []
     for (workload, config), rs in samples.items():
         xs = [r["ms_per_iter"] for r in rs]
         rows.append({"workload": workload, "config": config, "ms_per_iter": statistics.median(xs),
-                     "rounds_ms": xs, "findings": rs[-1]["findings"]})
+                     "rounds_ms": xs, "findings": rs[-1]["findings"],
+                     "handovers": [r.get("handover") for r in rs]})
     plain = {r["workload"]: r["ms_per_iter"] for r in rows if r["config"] == "plain"}
     noop = {r["workload"]: r["ms_per_iter"] for r in rows if r["config"] == "noop-mode"}
-    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  rounds {rounds}")
+    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  rounds {rounds}  cpus {args.cpus or 'any'}")
     print(f"{'workload':10s} {'config':12s} {'ms/iter':>10s} {'rounds min-max':>16s} {'x plain':>8s} {'x noop':>7s} findings")
     order = CONFIGS + OPTIONAL
     per_round = {(w, c): [r["ms_per_iter"] for r in rs] for (w, c), rs in samples.items()}
@@ -217,6 +237,11 @@ def main(argv=None) -> int:
         r["x_plain_rounds"] = [m / b for m, b in zip(mine, per_round.get((r["workload"], "plain"), []))]
         rounds_txt = " ".join(f"{x:.2f}" for x in r["x_noop_rounds"])
         print(f"{r['workload']:10s} {r['config']:12s} {r['ms_per_iter']:10.3f} {spread:>16s} {ratio:8.2f} {r['x_noop']:7.2f} {r['findings']}  [x noop per round: {rounds_txt}]")
+    for r in rows:
+        if any(r["handovers"]):
+            print(f"{r['workload']}/{r['config']}: the C engine handed over to the Python checker "
+                  f"in {sum(map(bool, r['handovers']))} of {len(r['handovers'])} rounds: "
+                  + "; ".join(h or "-" for h in r["handovers"]))
     if args.json:
         with open(args.json, "w") as fp:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, fp, indent=2)

@@ -1,7 +1,7 @@
 """Where racecheck's time goes on a GPU: in-process timings, primitive costs and cProfile.
 
     python bench/gpu_profile.py [--quick] [--json OUT.json] [--pstats DIR] [--callbacks]
-                                [--statements]
+                                [--statements] [--segments]
 
 One process, configurations in this order (none of them activates torch's GPU trace, so they can
 share it; `--callbacks` adds racecheck with trace callbacks last, which activates it for good):
@@ -110,6 +110,114 @@ def statement_costs(torch, make_modes, rounds=5, iters=2000) -> list:
     return list(times.items())
 
 
+def _segmented_loops(torch):
+    """gpu_overhead's two loops, statement by statement, each followed by a clock read; they
+    mirror `_decode_step_factory`'s step and graph step (keep them in step)."""
+    from gpu_overhead import _decode_step_factory
+    dm = torch.cuda
+    step, graph_factory = _decode_step_factory(torch, dm)
+    gstep = graph_factory()
+    pc = time.perf_counter
+    p = step.parts
+    x, w1, w2, positions, plan_buf, out = (p[k] for k in ("x", "w1", "w2", "positions",
+                                                          "plan_buf", "out"))
+    plan_stream, ready = p["plan_stream"], p["ready"]
+    decode_names = ("with dm.stream(plan_stream)", "positions + 1", "plan_buf.copy_(..), exit",
+                    "ready.record(plan_stream)", "x @ w1", "torch.relu(..)", "h @ w2",
+                    "wait_event(ready)", "positions.copy_(plan_buf)", "positions.unsqueeze(1)",
+                    ".to(h.dtype)", "h + ..", "out.copy_(..)", "plan_stream.wait_stream(..)",
+                    "out[0, 0]", ".item()")
+
+    def decode(t):
+        t0 = pc()
+        ctx = dm.stream(plan_stream)
+        ctx.__enter__()
+        t1 = pc()
+        nxt = positions + 1
+        t2 = pc()
+        plan_buf.copy_(nxt)
+        ctx.__exit__(None, None, None)
+        t3 = pc()
+        ready.record(plan_stream)
+        t4 = pc()
+        h = x @ w1
+        t5 = pc()
+        h = torch.relu(h)
+        t6 = pc()
+        h = h @ w2
+        t7 = pc()
+        dm.current_stream().wait_event(ready)
+        t8 = pc()
+        positions.copy_(plan_buf)
+        t9 = pc()
+        u = positions.unsqueeze(1)
+        t10 = pc()
+        u = u.to(h.dtype)
+        t11 = pc()
+        y = h + u
+        t12 = pc()
+        out.copy_(y)
+        t13 = pc()
+        plan_stream.wait_stream(dm.current_stream())
+        t14 = pc()
+        v = out[0, 0]
+        t15 = pc()
+        v.item()
+        t16 = pc()
+        del nxt, h, u, y
+        ts = (t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12, t13, t14, t15, t16)
+        for k in range(len(ts) - 1):
+            t[k].append((ts[k + 1] - ts[k]) * 1e6)
+
+    gpos, g, gout = gstep.parts
+    graph_names = ("positions.add_(1)", "g.replay()", "out[0, 0]", ".item()")
+
+    def graph(t):
+        t0 = pc()
+        gpos.add_(1)
+        t1 = pc()
+        g.replay()
+        t2 = pc()
+        v = gout[0, 0]
+        t3 = pc()
+        v.item()
+        t4 = pc()
+        for k, d in enumerate((t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+            t[k].append(d * 1e6)
+    return {"decode": (decode_names, decode, step), "graph": (graph_names, graph, gstep)}
+
+
+def loop_segments(torch, make_modes, rounds=3, iters=2000) -> dict:
+    """{loop: {config: {statement: (median µs, mean µs)}}}: the host time of each statement
+    of gpu_overhead's loops, taken inside the loop (a statement timed alone can cost less than
+    inside its loop, where the host waits for the device and queued work is checked), from the
+    round with the lowest total."""
+    out: dict = {}
+    for _ in range(rounds):
+        for config, make in make_modes.items():
+            cm = make() if make else None
+            if cm is not None:
+                cm.__enter__()
+            try:
+                for loop, (names, timed, step) in _segmented_loops(torch).items():
+                    for _ in range(50):
+                        step()
+                    torch.cuda.synchronize()
+                    seg = [[] for _ in names]
+                    for _ in range(iters):
+                        timed(seg)
+                    torch.cuda.synchronize()
+                    got = {n: (statistics.median(xs), statistics.fmean(xs))
+                           for n, xs in zip(names, seg)}
+                    cur = out.setdefault(loop, {}).get(config)
+                    if cur is None or sum(v[1] for v in got.values()) < sum(v[1] for v in cur.values()):
+                        out[loop][config] = got
+            finally:
+                if cm is not None:
+                    cm.__exit__(None, None, None)
+    return out
+
+
 def _nothing(_ref) -> None:
     pass
 
@@ -209,6 +317,8 @@ def main(argv=None) -> int:
     p.add_argument("--top", type=int, default=28)
     p.add_argument("--rounds", type=int, default=None, help="rounds of the timings (3; 1 with --quick)")
     p.add_argument("--statements", action="store_true", help="time each kind of statement alone")
+    p.add_argument("--segments", action="store_true",
+                   help="time each statement of gpu_overhead's loops inside the loop")
     args = p.parse_args(argv)
     import torch
     if not torch.cuda.is_available():
@@ -255,6 +365,22 @@ def main(argv=None) -> int:
         for name, t in statements:
             print(f"{name:34s} {t['plain']:8.2f} {t['noop-mode']:8.2f} {t['racecheck-off']:8.2f} "
                   f"{t['racecheck']:10.2f} {t['racecheck'] - t['noop-mode']:+12.2f}", flush=True)
+    segments = {}
+    if args.segments:
+        segments = loop_segments(torch, {
+            "plain": None, "noop-mode": NoopMode,
+            "racecheck": lambda: racecheck.session(device="cuda", callbacks=False)},
+            rounds=2 if args.quick else 3, iters=500 if args.quick else 2000)
+        for loop, by_config in segments.items():
+            print(f"{loop} loop, each statement's host time inside the loop, µs: median / mean")
+            cfgs = list(by_config)
+            print(f"{'statement':28s} " + " ".join(f"{c:>17s}" for c in cfgs) + "  rc-noop (mean)")
+            for name in by_config[cfgs[0]]:
+                v = [by_config[c][name] for c in cfgs]
+                print(f"{name:28s} " + " ".join(f"{m:7.2f} / {a:7.2f}" for m, a in v)
+                      + f"  {by_config['racecheck'][name][1] - by_config['noop-mode'][name][1]:+7.2f}")
+            tot = [sum(x[1] for x in by_config[c].values()) for c in cfgs]
+            print(f"{'sum of means':28s} " + " ".join(f"{x:17.2f}" for x in tot), flush=True)
     configs = ["plain", "noop-mode", "racecheck"] + (["racecheck-py"] if native.built else [])
     samples: dict = {}
     for _ in range(rounds):
@@ -327,7 +453,7 @@ def main(argv=None) -> int:
         with open(args.json, "w") as fp:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                        "primitives_us": prims, "rows": rows, "breakdown": breakdowns,
-                       "statements_us": dict(statements),
+                       "statements_us": dict(statements), "loop_segments_us": segments,
                        "profiles": profiles}, fp, indent=2)
     return 0
 
