@@ -96,17 +96,11 @@ def statement_costs(torch, make_modes, rounds=5, iters=2000) -> list:
     times: dict = {}
     for _ in range(rounds):
         for config, make in make_modes.items():
-            cm = make() if make else None
-            if cm is not None:
-                cm.__enter__()
-            try:
+            with make() if make else contextlib.nullcontext():
                 for name, fn in _statements(torch).items():
                     us = _time(fn, iters, torch, warmup=50)
                     cur = times.setdefault(name, {})
                     cur[config] = min(us, cur.get(config, us))
-            finally:
-                if cm is not None:
-                    cm.__exit__(None, None, None)
     return list(times.items())
 
 
@@ -195,10 +189,7 @@ def loop_segments(torch, make_modes, rounds=3, iters=2000) -> dict:
     out: dict = {}
     for _ in range(rounds):
         for config, make in make_modes.items():
-            cm = make() if make else None
-            if cm is not None:
-                cm.__enter__()
-            try:
+            with make() if make else contextlib.nullcontext():
                 for loop, (names, timed, step) in _segmented_loops(torch).items():
                     for _ in range(50):
                         step()
@@ -212,9 +203,6 @@ def loop_segments(torch, make_modes, rounds=3, iters=2000) -> dict:
                     cur = out.setdefault(loop, {}).get(config)
                     if cur is None or sum(v[1] for v in got.values()) < sum(v[1] for v in cur.values()):
                         out[loop][config] = got
-            finally:
-                if cm is not None:
-                    cm.__exit__(None, None, None)
     return out
 
 
@@ -339,13 +327,8 @@ def main(argv=None) -> int:
 
     @contextlib.contextmanager
     def python_path():
-        was = native.speedups is not None
-        native.use(False)
-        try:
-            with racecheck.session(device="cuda", callbacks=False) as rc:
-                yield rc
-        finally:
-            native.use(was)
+        with native.using(False), racecheck.session(device="cuda", callbacks=False) as rc:
+            yield rc
 
     @contextlib.contextmanager
     def checking_off():

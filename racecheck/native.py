@@ -8,6 +8,7 @@ same program (tests/test_native.py, tests/test_checker_engine.py, bench/bench_in
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 
@@ -35,6 +36,17 @@ def use(on: bool) -> bool:
     for listener in _listeners:
         listener(speedups)
     return speedups is not None
+
+
+@contextlib.contextmanager
+def using(on: bool):
+    """`use(on)` for the duration of a `with` block (sessions and checkers made inside it)."""
+    was = speedups is not None
+    use(on)
+    try:
+        yield speedups is not None
+    finally:
+        use(was)
 
 
 def on_change(listener) -> None:

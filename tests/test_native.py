@@ -4,7 +4,6 @@ Each public case runs twice, C path on and off: the recorded traces (every event
 footprints and formatted stacks) and the findings must be equal field by field. Stack capture
 is compared call by call, through the caches both implementations share.
 """
-import contextlib
 import json
 import os
 import re
@@ -22,16 +21,6 @@ from cases import EXPECTED
 needs_c = pytest.mark.skipif(native.built is None, reason="the C hot path is not built here")
 
 
-@contextlib.contextmanager
-def c_path(on: bool):
-    was = native.speedups is not None
-    native.use(on)
-    try:
-        yield
-    finally:
-        native.use(was)
-
-
 def test_ci_builds_the_c_path():
     if not os.environ.get("CI"):
         pytest.skip("only CI promises a compiler")
@@ -40,7 +29,7 @@ def test_ci_builds_the_c_path():
 
 
 def test_switching_it_off_restores_the_python_reference():
-    with c_path(False):
+    with native.using(False):
         assert stacks.capture is stacks._py_capture
         from racecheck.checker import Checker
         c = Checker()
@@ -48,7 +37,7 @@ def test_switching_it_off_restores_the_python_reference():
 
 
 def _run(program, on: bool):
-    with c_path(on), racecheck.session(device="sim", record_trace=True) as rc:
+    with native.using(on), racecheck.session(device="sim", record_trace=True) as rc:
         keep = program(rc.device_module, "cpu")  # noqa: F841 - tensors outlive the snippet
     # a host thread's timeline is named after its Python thread, numbered process-wide
     events = [json.loads(re.sub(r"Thread-\d+", "Thread-N", json.dumps(e.to_json())))
@@ -153,7 +142,7 @@ def test_a_reassigned_tensor_method_is_called_by_the_c_path(monkeypatch):
         calls.append(1)
         return orig(self)
 
-    with c_path(True), racecheck.session(device="sim") as rc:
+    with native.using(True), racecheck.session(device="sim") as rc:
         a = torch.zeros(8)
         (a + 1).add_(1)                 # the cache holds torch.Tensor's methods from here
         monkeypatch.setattr(torch.Tensor, "storage_offset", counted)
@@ -175,7 +164,7 @@ def test_a_checker_error_in_c_still_names_the_event(monkeypatch):
 
     kit = engine._kit
     monkeypatch.setattr(engine, "_kit", lambda: dict(kit(), _Timeline=broken_timeline))
-    with c_path(True), racecheck.session(device="sim") as rc:
+    with native.using(True), racecheck.session(device="sim") as rc:
         dm = rc.device_module
         x = torch.zeros(8)
         y = torch.zeros(8)

@@ -90,13 +90,8 @@ def case_trace(ctx, cid, c_path: bool):
     import json as _json
     import re
     from racecheck import native
-    was = native.speedups is not None
-    native.use(c_path)
-    try:
-        with ctx.session(record_trace=True) as rc:
-            keep = EXPECTED[cid][0](ctx.dm(rc), ctx.device)  # noqa: F841
-    finally:
-        native.use(was)
+    with native.using(c_path), ctx.session(record_trace=True) as rc:
+        keep = EXPECTED[cid][0](ctx.dm(rc), ctx.device)  # noqa: F841
     events = [_json.loads(re.sub(r"Thread-\d+", "Thread-N", _json.dumps(e.to_json())))
               for e in rc.trace.events]
     return events, [f.to_json() for f in rc.findings]
@@ -545,13 +540,11 @@ def check_replay_is_reported_once_launched(ctx):
             raise RuntimeError("launch failed")
         return real(g)
 
-    was = native.speedups is not None
     cls.replay = spy
     try:
         for on in (True, False):
-            native.use(on)
             launched.clear()
-            with ctx.session(record_trace=True) as rc:
+            with native.using(on), ctx.session(record_trace=True) as rc:
                 dm = ctx.dm(rc)
                 x = torch.zeros(8, device=ctx.device)
                 s = dm.Stream()
@@ -583,7 +576,6 @@ def check_replay_is_reported_once_launched(ctx):
             assert rc.internal_errors[0].startswith("in graph replay wrapper"), rc.internal_errors
     finally:
         cls.replay = real
-        native.use(was)
 
 
 @check(devices=("npu",))

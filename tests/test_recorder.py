@@ -4,24 +4,11 @@ Checking a batch while the host is about to wait for the device overlaps the che
 the device's; checking it mid-launch-sequence would delay the next launch. The policy is the same
 in the recorder's C emitter and its Python reference.
 """
-import contextlib
-
 import pytest
 import torch
 
 import racecheck
 from racecheck import native, recorder
-
-
-@contextlib.contextmanager
-def c_path(on: bool):
-    was = native.speedups is not None
-    native.use(on)
-    try:
-        yield
-    finally:
-        native.use(was)
-
 
 PATHS = [pytest.param(True, id="c"), pytest.param(False, id="python")]
 
@@ -30,7 +17,7 @@ PATHS = [pytest.param(True, id="c"), pytest.param(False, id="python")]
 def path(request):
     if request.param and native.built is None:
         pytest.skip("the C hot path is not built here")
-    with c_path(request.param):
+    with native.using(request.param):
         yield request.param
 
 
