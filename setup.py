@@ -19,8 +19,8 @@ for package, folder in FOLDERS.items():
     packages += [f"{package}.{sub}" for sub in find_packages(folder, exclude=["tests", "tests.*"])]
 
 speedups = Extension("racecheck._speedups", ["racecheck/_speedups.c"], optional=True,
-                     extra_compile_args=["-O2"])
+                     extra_compile_args=["-O3"])
 engine = Extension("racecheck._engine", ["racecheck/_engine.c"], optional=True,
-                   extra_compile_args=["-O2"])
+                   extra_compile_args=["-O3"])
 
 setup(packages=packages, package_dir=FOLDERS, ext_modules=[speedups, engine])
