@@ -12,8 +12,9 @@ device module.
   between host memory and the device are asynchronous for the host; blocking copies, `.item()`,
   `.tolist()` and data-dependent shapes are host syncs.
 * synchronization: thin wrappers on the device module's `Event` (record / wait / synchronize /
-  query), `Stream` (synchronize / query), `synchronize` and `torch.accelerator.synchronize`, live
-  for the session. With `callbacks=True` (the backend's choice: see cuda.py and npu.py) the
+  query), `Stream` (synchronize / query; without callbacks `wait_stream` too, as one edge, not
+  the record and wait of the event torch makes for it), `synchronize` and
+  `torch.accelerator.synchronize`, live for the session. With `callbacks=True` (the backend's choice: see cuda.py and npu.py) the
   runtime's trace callbacks (`torch.cuda._gpu_trace`: event record / wait / synchronize, stream
   synchronize, device synchronize, event creation / deletion) report what they cover instead, C++
   callers included; they cannot be unregistered, so they are attached once per process and do
@@ -46,7 +47,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from racecheck import native
 from racecheck.trace import (EventRecord, Footprint, GraphCapture, GraphReplay, Kernel, NameTimeline,
-                             StreamWaitEvent)
+                             StreamWaitEvent, StreamWaitStream)
 
 from . import stacks
 from .base import Backend
@@ -562,13 +563,34 @@ class DeviceBackend(Backend):
             """Events the runtime reports itself once created: the wrapper covers the rest."""
             return lambda ev: not (getattr(ev, EH, 0) and kind in traced)
 
+        def make_wait_stream(orig):
+            """`waiter.wait_stream(waitee)`: torch makes, records and waits on a new event; one
+            edge says the same (the record and wait wrappers are muted meanwhile)."""
+            def wait_stream(waiter, waitee):
+                if not b._live() or b.capture_state() is not None:
+                    return orig(waiter, waitee)
+                with b.muted():
+                    out = orig(waiter, waitee)
+                try:
+                    s = b.sink
+                    s.emit(StreamWaitStream(s.thread_tid(), b.stream_of(waiter), b.stream_of(waitee),
+                                            stacks.capture()))
+                except Exception as exc:
+                    b.sink.internal_error(exc, "in Stream.wait_stream wrapper")
+                return out
+            return wait_stream
+
         if native.speedups is not None and not traced:     # the same wrappers in C
             make_record = self._native_hook(1, EventRecord, _EID_ATTR, "in Event.record wrapper")
             make_wait = self._native_hook(2, StreamWaitEvent, _EID_ATTR, "in Event.wait wrapper")
+            make_wait_stream = self._native_hook(4, StreamWaitStream, _EID_ATTR,
+                                                 "in Stream.wait_stream wrapper")
 
         Event, Stream = m.Event, m.Stream
         self._patch(Event, "record", make_record)
         self._patch(Event, "wait", make_wait)
+        if not traced:      # with trace callbacks, the runtime reports the record and the wait
+            self._patch(Stream, "wait_stream", make_wait_stream)
         self._patch(Event, "synchronize",
                     host_sync("event", b._eid_of, untraced("event_synchronization")))
         self._patch(Event, "query",
@@ -657,9 +679,10 @@ class DeviceBackend(Backend):
         self._patch(cls, "replay", make_replay)
 
     def _native_hook(self, kind, event_type, attr, where):
-        """`make(orig)` for `_patch`: a wrapper of `Event.record` (kind 1), `Event.wait` (2) or a
-        graph's `replay` (3) in C (racecheck/_speedups.c SyncHook), the Python ones' port for a
-        backend without trace callbacks. `attr` names the per-object id (event or graph)."""
+        """`make(orig)` for `_patch`: a wrapper of `Event.record` (kind 1), `Event.wait` (2), a
+        graph's `replay` (3) or `Stream.wait_stream` (4) in C (racecheck/_speedups.c SyncHook),
+        the Python ones' port for a backend without trace callbacks. `attr` names the per-object
+        id (event or graph)."""
         fast = native.speedups
         sink = self.sink
 

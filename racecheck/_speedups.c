@@ -28,7 +28,7 @@ static PyObject *s_ACTIVE, *s_mute, *s_new_event_id, *s_event, *s_graph, *s_grap
     *s_busy, *s_flush_pending, *s_numel, *s_is_contiguous, *s_untyped_storage, *s_cdata,
     *s_element_size, *s_storage_offset, *s_is_view, *s_approx, *s_new_are_host, *s_host_of,
     *s_next, *s_by_cdata, *s_cdata_of, *s_host_sids, *s_nbytes, *s_on_new, *s_is_cpu,
-    *s_get_device, *s_popleft, *s_current_stream_tid, *s_emit, *minus_one,
+    *s_get_device, *s_popleft, *s_current_stream_tid, *s_emit, *s_waiter, *s_waitee, *minus_one,
     *empty_tuple;
 
 static int intern_all(void) {
@@ -39,6 +39,7 @@ static int intern_all(void) {
     I(s_alloc_stream, "alloc_stream");
     I(s_checking, "checking"); I(s_seq, "seq"); I(s_internal, "internal");
     I(s_sync_kind, "sync_kind"); I(s_target, "target");
+    I(s_waiter, "waiter"); I(s_waitee, "waitee");
     I(s_thread, "thread"); I(s_stream, "stream"); I(s_reads, "reads"); I(s_writes, "writes");
     I(s_storage, "storage"); I(s_ranges, "ranges"); I(s_born, "born"); I(s_append, "append");
     I(s_capture_attr, "capture"); I(s_tid_attr, "tid"); I(s_before_launch, "before_launch");
@@ -1973,13 +1974,14 @@ static PyTypeObject SpecialPlanType = {
 };
 
 
-/* ---- a device backend's wrappers of Event.record, Event.wait and the graph's replay
-   (instrumentation/device.py DeviceBackend._install_wrappers, without trace callbacks) ---- */
+/* ---- a device backend's wrappers of Event.record, Event.wait, the graph's replay and
+   Stream.wait_stream (instrumentation/device.py DeviceBackend._install_wrappers, without trace
+   callbacks) ---- */
 
-enum { HOOK_RECORD = 1, HOOK_WAIT = 2, HOOK_REPLAY = 3 };
+enum { HOOK_RECORD = 1, HOOK_WAIT = 2, HOOK_REPLAY = 3, HOOK_WAIT_STREAM = 4 };
 
 /* Installed as a class attribute in place of the method it wraps (binds like a function); the
-   original runs first (record, wait) or last (replay), the event goes to the sink in between. */
+   original runs first, then the event goes to the sink (a replay: after the delay hook). */
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
@@ -2180,9 +2182,63 @@ static PyObject *sh_replay(SyncHook *h, PyObject *obj) {
     return out;
 }
 
+/* waiter.wait_stream(waitee): the original (torch makes, records and waits on a new event) with
+   the record and wait wrappers muted, then StreamWaitStream(thread, waiter, waitee, capture()) */
+static PyObject *sh_wait_stream(SyncHook *h, PyObject *waiter, PyObject *waitee) {
+    PyObject *args[2] = {waiter, waitee};
+    int live = sh_live(h);
+    if (live < 0) {
+        PyErr_Clear();
+        live = 0;
+    }
+    PyObject *cap = live ? PyObject_GetAttr(h->tls, s_capture_attr) : NULL;
+    if (cap == NULL)
+        PyErr_Clear();
+    Py_XDECREF(cap);
+    if (!live || cap != Py_None)
+        return PyObject_Vectorcall(h->orig, args, 2, NULL);
+    PyObject *was = PyObject_GetAttr(h->mute_tls, s_mute), *muted = NULL;
+    if (was != NULL && PyLong_CheckExact(was)) {
+        long m = PyLong_AsLong(was);
+        muted = m == -1 && PyErr_Occurred() ? NULL : PyLong_FromLong(m + 1);
+    }
+    if (muted == NULL || PyObject_SetAttr(h->mute_tls, s_mute, muted) < 0) {
+        Py_XDECREF(was);
+        Py_XDECREF(muted);
+        PyErr_Clear();              /* not muted: the record and the wait report themselves */
+        return PyObject_Vectorcall(h->orig, args, 2, NULL);
+    }
+    Py_DECREF(muted);
+    PyObject *out = PyObject_Vectorcall(h->orig, args, 2, NULL);
+    PyObject *et, *ev_, *tb;
+    PyErr_Fetch(&et, &ev_, &tb);
+    int restored = PyObject_SetAttr(h->mute_tls, s_mute, was);
+    Py_DECREF(was);
+    if (restored < 0)
+        sh_internal_error(h);
+    PyErr_Restore(et, ev_, tb);
+    if (out == NULL)
+        return NULL;
+    PyObject *thread = NULL, *a = NULL, *b = NULL, *stack = NULL;
+    int rc = -1;
+    if ((thread = thread_of(h->tls, h->sink)) && (a = sh_stream_tid(h, waiter)) &&
+        (b = sh_stream_tid(h, waitee)) && (stack = stack_from(h->capture, h->native_capture, 1))) {
+        PyObject *names[4] = {s_thread, s_waiter, s_waitee, s_stack};
+        PyObject *values[4] = {thread, a, b, stack};
+        static Layout L;
+        rc = sh_emit(h, names, values, 4, &L);
+    }
+    Py_XDECREF(thread); Py_XDECREF(a); Py_XDECREF(b); Py_XDECREF(stack);
+    if (rc < 0)
+        sh_internal_error(h);
+    return out;
+}
+
 static PyObject *sh_call(SyncHook *h, PyObject *obj, PyObject *stream) {
     if (h->kind == HOOK_REPLAY)
         return sh_replay(h, obj);
+    if (h->kind == HOOK_WAIT_STREAM)
+        return sh_wait_stream(h, obj, stream);
     PyObject *args[2] = {obj, stream};
     PyObject *out = PyObject_Vectorcall(h->orig, args, 2, NULL);
     if (out == NULL)
@@ -2210,7 +2266,7 @@ static PyObject *sh_vectorcall(PyObject *self, PyObject *const *args, size_t nar
     PyObject *stream = Py_None;
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     int max = h->kind == HOOK_REPLAY ? 1 : 2;
-    if (n < 1 || n > max || nkw > (max - n) ||
+    if (n < 1 || n > max || nkw > (max - n) || (h->kind == HOOK_WAIT_STREAM && n + nkw != 2) ||
         (nkw == 1 && PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "stream") != 0)) {
         /* an unusual call: the original method says what is wrong with it */
         return PyObject_Vectorcall(h->orig, args, nargsf, kwnames);
@@ -2253,7 +2309,7 @@ static PyObject *sh_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
         Py_INCREF(o[i]);
         *dst[i] = o[i];
     }
-    if (h->kind < HOOK_RECORD || h->kind > HOOK_REPLAY || !PyType_Check(h->event_type)) {
+    if (h->kind < HOOK_RECORD || h->kind > HOOK_WAIT_STREAM || !PyType_Check(h->event_type)) {
         PyErr_SetString(PyExc_ValueError, "SyncHook: bad kind or event type");
         Py_DECREF(h);
         return NULL;

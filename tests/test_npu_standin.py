@@ -522,6 +522,44 @@ def check_index_snapshots_freed_by_refcount(ctx):
     assert not leaked, f"{len(leaked)} deferred footprints only freed by the cycle collector"
 
 
+@check()
+def check_wait_stream_is_one_edge(ctx):
+    """`a.wait_stream(b)` is one StreamWaitStream, not the record and wait of the event torch
+    makes for it (with trace callbacks the runtime reports those two instead), in the C wrapper
+    and its Python reference alike; a failure to report it is racecheck's, not the program's."""
+    from racecheck import native
+    from racecheck.trace import EventRecord, StreamWaitEvent, StreamWaitStream
+    kinds = (EventRecord, StreamWaitEvent, StreamWaitStream)
+    callbacks = ctx.variant in ("trace", "lagged")
+    for on in (True, False):
+        with native.using(on), ctx.session(record_trace=True) as rc:
+            dm = ctx.dm(rc)
+            s = dm.Stream()
+            x = torch.zeros(8, device=ctx.device)
+            s.wait_stream(dm.current_stream())
+            with dm.stream(s):
+                x.add_(1)
+            dm.current_stream().wait_stream(s)
+            y = x * 2
+            assert y.sum().item() == 16
+        _clean(rc)
+        got = [type(ev).__name__ for ev in rc.trace.events if isinstance(ev, kinds)]
+        if callbacks:
+            assert "StreamWaitStream" not in got and got.count("EventRecord") == 2, got
+        else:
+            assert got == ["StreamWaitStream"] * 2, (on, got)
+        if callbacks:
+            continue
+        with native.using(on), ctx.session() as rc:
+            dm = ctx.dm(rc)
+            s = dm.Stream()
+            rc.recorder.dead.append(None)       # racecheck's own state broken: emit fails
+            s.wait_stream(dm.current_stream())
+            assert rc.backend._tls.mute == 0, "the record and wait wrappers stay muted"
+        assert len(rc.internal_errors) == 1, rc.internal_errors
+        assert rc.internal_errors[0].startswith("in Stream.wait_stream wrapper"), rc.internal_errors
+
+
 @check(devices=("npu",))
 def check_replay_is_reported_once_launched(ctx):
     """A replay's event is made after its launch (its cost overlaps the graph's work); a launch
