@@ -181,6 +181,10 @@ def _segmented_loops(torch):
     return {"decode": (decode_names, decode, step), "graph": (graph_names, graph, gstep)}
 
 
+def _total(segments: dict) -> float:
+    return sum(mean for _median, mean in segments.values())
+
+
 def loop_segments(torch, make_modes, rounds=3, iters=2000) -> dict:
     """{loop: {config: {statement: (median µs, mean µs)}}}: the host time of each statement
     of gpu_overhead's loops, taken inside the loop (a statement timed alone can cost less than
@@ -201,7 +205,7 @@ def loop_segments(torch, make_modes, rounds=3, iters=2000) -> dict:
                     got = {n: (statistics.median(xs), statistics.fmean(xs))
                            for n, xs in zip(names, seg)}
                     cur = out.setdefault(loop, {}).get(config)
-                    if cur is None or sum(v[1] for v in got.values()) < sum(v[1] for v in cur.values()):
+                    if cur is None or _total(got) < _total(cur):
                         out[loop][config] = got
     return out
 
@@ -362,7 +366,7 @@ def main(argv=None) -> int:
                 v = [by_config[c][name] for c in cfgs]
                 print(f"{name:28s} " + " ".join(f"{m:7.2f} / {a:7.2f}" for m, a in v)
                       + f"  {by_config['racecheck'][name][1] - by_config['noop-mode'][name][1]:+7.2f}")
-            tot = [sum(x[1] for x in by_config[c].values()) for c in cfgs]
+            tot = [_total(by_config[c]) for c in cfgs]
             print(f"{'sum of means':28s} " + " ".join(f"{x:17.2f}" for x in tot), flush=True)
     configs = ["plain", "noop-mode", "racecheck"] + (["racecheck-py"] if native.built else [])
     samples: dict = {}

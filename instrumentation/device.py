@@ -14,8 +14,8 @@ device module.
 * synchronization: thin wrappers on the device module's `Event` (record / wait / synchronize /
   query), `Stream` (synchronize / query; without callbacks `wait_stream` too, as one edge, not
   the record and wait of the event torch makes for it), `synchronize` and
-  `torch.accelerator.synchronize`, live for the session. With `callbacks=True` (the backend's choice: see cuda.py and npu.py) the
-  runtime's trace callbacks (`torch.cuda._gpu_trace`: event record / wait / synchronize, stream
+  `torch.accelerator.synchronize`, live for the session. With `callbacks=True` (the backend's
+  choice: see cuda.py and npu.py) the runtime's trace callbacks (`torch.cuda._gpu_trace`: event record / wait / synchronize, stream
   synchronize, device synchronize, event creation / deletion) report what they cover instead, C++
   callers included; they cannot be unregistered, so they are attached once per process and do
   nothing unless a session is active, and the wrappers stay for what no callback reports: a wait
@@ -573,8 +573,8 @@ class DeviceBackend(Backend):
                     out = orig(waiter, waitee)
                 try:
                     s = b.sink
-                    s.emit(StreamWaitStream(s.thread_tid(), b.stream_of(waiter), b.stream_of(waitee),
-                                            stacks.capture()))
+                    s.emit(StreamWaitStream(s.thread_tid(), b.stream_of(waiter),
+                                            b.stream_of(waitee), stacks.capture()))
                 except Exception as exc:
                     b.sink.internal_error(exc, "in Stream.wait_stream wrapper")
                 return out

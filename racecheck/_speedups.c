@@ -2191,11 +2191,14 @@ static PyObject *sh_wait_stream(SyncHook *h, PyObject *waiter, PyObject *waitee)
         PyErr_Clear();
         live = 0;
     }
-    PyObject *cap = live ? PyObject_GetAttr(h->tls, s_capture_attr) : NULL;
-    if (cap == NULL)
-        PyErr_Clear();
-    Py_XDECREF(cap);
-    if (!live || cap != Py_None)
+    if (live) {                     /* during a capture the record and wait are graph nodes */
+        PyObject *cap = PyObject_GetAttr(h->tls, s_capture_attr);
+        if (cap == NULL)
+            PyErr_Clear();
+        live = cap == Py_None;
+        Py_XDECREF(cap);
+    }
+    if (!live)
         return PyObject_Vectorcall(h->orig, args, 2, NULL);
     PyObject *was = PyObject_GetAttr(h->mute_tls, s_mute), *muted = NULL;
     if (was != NULL && PyLong_CheckExact(was)) {
