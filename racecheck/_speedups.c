@@ -167,9 +167,16 @@ static PyObject *slice_or_self(PyObject *prev, Py_ssize_t k) {
 static PyObject *walk(PyFrameObject *f0, Py_ssize_t limit) {
     PyCodeObject *code = PyFrame_GetCode(f0);
     int lasti = PyFrame_GetLasti(f0);
-    PyObject *site = Py_BuildValue("(Ni)", PyLong_FromVoidPtr(code), lasti);
-    PyObject *out = NULL, *result = NULL;
+    PyObject *out = NULL, *result = NULL, *site = NULL;
     PyFrameObject *f = NULL;
+    PyObject *cid = PyLong_FromVoidPtr(code), *li = cid ? PyLong_FromLong(lasti) : NULL;
+    if (li != NULL && (site = PyTuple_New(2)) != NULL) {
+        PyTuple_SET_ITEM(site, 0, cid);
+        PyTuple_SET_ITEM(site, 1, li);
+    } else {
+        Py_XDECREF(cid);
+        Py_XDECREF(li);
+    }
     if (site == NULL)
         goto done;
     PyObject *prev = PyDict_GetItemWithError(st_last, site);
@@ -809,6 +816,7 @@ static PyTypeObject AllocEmitterType = {
 /* The weakref callback of one registered storage: StorageRegistry.register's _died. */
 typedef struct {
     PyObject_HEAD
+    vectorcallfunc vectorcall;
     PyObject *key, *sid, *by_cdata, *cdata_of, *host_sids, *dead;
 } DeathWatch;
 
@@ -837,7 +845,8 @@ static PyObject *drop_stack(void) {
     return capture_impl(FREE_FRAMES, 1);
 }
 
-static PyObject *dw_call(PyObject *self, PyObject *args, PyObject *kwargs) {
+static PyObject *dw_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                               PyObject *kwnames) {
     DeathWatch *w = (DeathWatch *)self;
     PyObject *cur = PyDict_GetItemWithError(w->by_cdata, w->key);
     if (cur == NULL && PyErr_Occurred())
@@ -872,12 +881,13 @@ static PyTypeObject DeathWatchType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "racecheck._speedups.DeathWatch",
     .tp_basicsize = sizeof(DeathWatch),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_doc = "A registered storage's weakref callback (StorageRegistry.register's _died)",
     .tp_dealloc = (destructor)dw_dealloc,
     .tp_traverse = (traverseproc)dw_traverse,
     .tp_clear = (inquiry)dw_clear,
-    .tp_call = dw_call,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(DeathWatch, vectorcall),
 };
 
 /* StorageRegistry.register, bound to one registry: Registrar(registry)(t, st, host=False) ->
@@ -892,11 +902,13 @@ typedef struct {
 #define RG_FIELDS(X) X(reg) X(by_cdata) X(cdata_of) X(host_sids) X(dead) X(on_new)
 GC_METHODS(rg, Registrar, RG_FIELDS)
 
-static PyObject *rg_register(Registrar *r, PyObject *t, PyObject *st, int host) {
-    PyObject *key = NULL, *sid = NULL, *ref = NULL, *entry = NULL, *nbytes = NULL,
-             *result = NULL;
+/* key: st._cdata where the caller has read it (borrowed), else NULL */
+static PyObject *rg_register(Registrar *r, PyObject *t, PyObject *st, int host, PyObject *key) {
+    PyObject *sid = NULL, *ref = NULL, *entry = NULL, *nbytes = NULL, *result = NULL;
     DeathWatch *w = NULL;
-    if (!(key = PyObject_GetAttr(st, s_cdata)))
+    if (key != NULL)
+        Py_INCREF(key);
+    else if (!(key = PyObject_GetAttr(st, s_cdata)))
         goto done;
     if (!host) {
         host = attr_true(r->reg, s_new_are_host);
@@ -921,6 +933,7 @@ static PyObject *rg_register(Registrar *r, PyObject *t, PyObject *st, int host) 
     r->next++;
     if (!(w = PyObject_GC_New(DeathWatch, &DeathWatchType)))
         goto done;
+    w->vectorcall = dw_vectorcall;
     Py_INCREF(key); w->key = key;
     Py_INCREF(sid); w->sid = sid;
     Py_INCREF(r->by_cdata); w->by_cdata = r->by_cdata;
@@ -960,7 +973,7 @@ static PyObject *rg_vectorcall(PyObject *self, PyObject *const *args, size_t nar
     int host = n > 2 ? PyObject_IsTrue(args[2]) : 0;
     if (host < 0)
         return NULL;
-    return rg_register((Registrar *)self, args[0], args[1], host);
+    return rg_register((Registrar *)self, args[0], args[1], host, NULL);
 }
 
 static PyObject *rg_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
@@ -1088,7 +1101,7 @@ static PyObject *contiguous_fp(Footprints *f, PyObject *t) {
     } else if (!PyErr_Occurred()) {
 #ifdef HAVE_FRAME_API
         if (Py_TYPE(f->register_fn) == &RegistrarType)
-            entry = rg_register((Registrar *)f->register_fn, t, st, 0);
+            entry = rg_register((Registrar *)f->register_fn, t, st, 0, key);
         else
 #endif
         {

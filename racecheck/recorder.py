@@ -20,8 +20,9 @@ from .trace import (Copy, Free, GraphReplay, HostSync, Kernel, NameTimeline, Str
 # less than one visit per op. A batch is checked when the host is about to wait for the device (a
 # `HostSync` is emitted or `idle()` called) and at least BATCH events are queued, so that the work
 # overlaps the device's; at CAP events in any case (a program that never waits); and whenever
-# anything reads the checker's results.
-BATCH = 32
+# anything reads the checker's results. 128, not 32: a decode step of ~27 events then checks every
+# fourth or fifth host wait, not every other one (a flush and a batch have fixed costs).
+BATCH = 128
 CAP = 1024
 
 
