@@ -11,12 +11,16 @@ Workloads:
   graph   the same step captured once in a CUDA graph and replayed each iteration
   eagle   the EAGLE v2 scenario, all fixes on, a few iterations (racecheck vs its own plain run)
 
+`--in-process` runs plain, the do-nothing mode and racecheck in one process instead, a timed block
+of each in turn (15 rounds by default), and gives the median of the per-round ratios: on a shared
+host whose speed drifts between processes, the figure to read.
+
 racecheck runs with its defaults (on `cuda`: the device module's wrappers, torch's GPU trace off,
 the C hot path where it was built); `racecheck-py` the same with the C hot path off (the Python
 it ports); `racecheck-cb` (on request) with `callbacks=True` (torch's GPU trace callbacks too).
 
     python bench/gpu_overhead.py [--quick] [--json OUT.json] [--rounds N] [--workloads eager,graph,eagle]
-                                 [--cpus 4,5]
+                                 [--cpus 4,5] [--in-process]
                                  [--configs plain,noop-mode,csan,racecheck,racecheck-py]
 """
 from __future__ import annotations
@@ -128,6 +132,45 @@ def worker(config: str, workload: str, iters: int) -> dict:
 BLOCKS = 5      # timed blocks per process; the median block is the process's figure
 
 
+def in_process(workloads, rounds: int, iters: int) -> list:
+    """plain, the do-nothing mode and racecheck in one process, a timed block of each in turn,
+    `rounds` times: each round's ratios compare blocks run within a fraction of a second of each
+    other on the same CPU, which a shared host's drift between processes does not reach (none of
+    the three activates torch's GPU trace, so they can share a process)."""
+    import contextlib
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import racecheck
+
+    class NoopMode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    contexts = {"plain": contextlib.nullcontext, "noop-mode": NoopMode,
+                "racecheck": lambda: racecheck.session(device="cuda")}
+    rows = []
+    for workload in workloads:
+        per = {c: [] for c in contexts}
+        for _ in range(rounds):
+            for config, make in contexts.items():
+                with make() as ctx:
+                    step, graph_factory = _decode_step_factory(torch, torch.cuda)
+                    fn = step if workload == "eager" else graph_factory()
+                    for _ in range(20):
+                        fn()
+                    per[config].append(timed_blocks(fn, iters, torch.cuda.synchronize, blocks=1))
+                    if config == "racecheck" and ctx.findings:
+                        raise SystemExit(f"racecheck reported {len(ctx.findings)} findings")
+        for config, xs in per.items():
+            base = {"plain": per["plain"], "noop": per["noop-mode"]}
+            rows.append({"workload": workload, "config": config,
+                         "ms_per_iter": statistics.median(xs) * 1e3,
+                         **{f"x_{b}_rounds": [m / n for m, n in zip(xs, ys)] for b, ys in base.items()}})
+    return rows
+
+
 def timed_blocks(fn, iters, sync, blocks=BLOCKS) -> float:
     """Seconds per call of fn: median over `blocks` blocks of `iters` calls (a hiccup of the
     shared host spoils one block, not the figure)."""
@@ -180,6 +223,9 @@ def main(argv=None) -> int:
                    "schedules unpinned processes unevenly, which spreads the figures")
     p.add_argument("--workloads", default=",".join(WORKLOADS + ("eagle",)),
                    help="comma-separated, of eager, graph, eagle")
+    p.add_argument("--in-process", action="store_true",
+                   help="plain, do-nothing mode and racecheck in one process, blocks interleaved "
+                   "(--rounds of them, 15 by default): per-round ratios a noisy host disturbs less")
     p.add_argument("--configs", default=",".join(CONFIGS),
                    help=f"comma-separated, of {', '.join(CONFIGS + OPTIONAL)}")
     args = p.parse_args(argv)
@@ -197,8 +243,27 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("no GPU: nothing to measure")
         return 0
-    rounds = args.rounds or (1 if args.quick else 3)
     iters = 50 if args.quick else 300
+    if args.in_process:
+        rows = in_process([w for w in WORKLOADS if w in workloads], args.rounds or 15, iters)
+        print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  in one process, "
+              f"rounds {args.rounds or 15}  cpus {args.cpus or 'any'}")
+        print(f"{'workload':10s} {'config':12s} {'ms/iter':>10s} {'x plain':>8s} {'x noop':>7s}  "
+              "(medians of the per-round ratios; quartiles in brackets)")
+        for r in rows:
+            cells = []
+            for b in ("plain", "noop"):
+                xs = sorted(r[f"x_{b}_rounds"])
+                q = statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
+                r[f"x_{b}"] = statistics.median(xs)
+                cells.append(f"{r[f'x_{b}']:.2f} [{q[0]:.2f}-{q[2]:.2f}]")
+            print(f"{r['workload']:10s} {r['config']:12s} {r['ms_per_iter']:10.3f}  " + "  ".join(cells))
+        if args.json:
+            with open(args.json, "w") as fp:
+                json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                           "in_process": True, "rows": rows}, fp, indent=2)
+        return 0
+    rounds = args.rounds or (1 if args.quick else 3)
     samples: dict = {}
     for rnd in range(rounds):
         for workload in (w for w in WORKLOADS if w in workloads):
