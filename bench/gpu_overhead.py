@@ -88,19 +88,24 @@ def _decode_step_factory(torch, dm, hidden=512, batch=8):
     return step, graph_step_factory
 
 
-def worker(config: str, workload: str, iters: int) -> dict:
-    import contextlib
-
-    import torch
+def _noop_mode():
+    """The do-nothing dispatch mode: the floor of any dispatch-mode tool."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class NoopMode(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             return func(*args, **(kwargs or {}))
+    return NoopMode()
+
+
+def worker(config: str, workload: str, iters: int) -> dict:
+    import contextlib
+
+    import torch
 
     ctx = contextlib.nullcontext()
     if config == "noop-mode":
-        ctx = NoopMode()
+        ctx = _noop_mode()
     elif config == "csan":
         import torch.cuda._sanitizer as csan
         csan.enable_cuda_sanitizer()
@@ -140,15 +145,10 @@ def in_process(workloads, rounds: int, iters: int) -> list:
     import contextlib
 
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
 
     import racecheck
 
-    class NoopMode(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            return func(*args, **(kwargs or {}))
-
-    contexts = {"plain": contextlib.nullcontext, "noop-mode": NoopMode,
+    contexts = {"plain": contextlib.nullcontext, "noop-mode": _noop_mode,
                 "racecheck": lambda: racecheck.session(device="cuda")}
     rows = []
     for workload in workloads:
@@ -163,8 +163,8 @@ def in_process(workloads, rounds: int, iters: int) -> list:
                     per[config].append(timed_blocks(fn, iters, torch.cuda.synchronize, blocks=1))
                     if config == "racecheck" and ctx.findings:
                         raise SystemExit(f"racecheck reported {len(ctx.findings)} findings")
+        base = {"plain": per["plain"], "noop": per["noop-mode"]}
         for config, xs in per.items():
-            base = {"plain": per["plain"], "noop": per["noop-mode"]}
             rows.append({"workload": workload, "config": config,
                          "ms_per_iter": statistics.median(xs) * 1e3,
                          **{f"x_{b}_rounds": [m / n for m, n in zip(xs, ys)] for b, ys in base.items()}})
