@@ -20,12 +20,13 @@ the C hot path where it was built); `racecheck-py` the same with the C hot path 
 it ports); `racecheck-cb` (on request) with `callbacks=True` (torch's GPU trace callbacks too).
 
     python bench/gpu_overhead.py [--quick] [--json OUT.json] [--rounds N] [--workloads eager,graph,eagle]
-                                 [--cpus 4,5] [--in-process]
+                                 [--cpus 4,5] [--in-process [--split]]
                                  [--configs plain,noop-mode,csan,racecheck,racecheck-py]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -137,32 +138,65 @@ def worker(config: str, workload: str, iters: int) -> dict:
 BLOCKS = 5      # timed blocks per process; the median block is the process's figure
 
 
-def in_process(workloads, rounds: int, iters: int) -> list:
+class _DroppingChecker:
+    """Takes the recorder's batches and checks nothing: what emitting events costs by itself."""
+
+    events_processed = 0
+
+    def process_all(self, batch):
+        self.events_processed += len(batch)
+        return self
+
+
+@contextlib.contextmanager
+def _split_mode(ctx, config):
+    """--split's two partial racecheck configurations (bench-only: the recorder's checker is
+    swapped through its private attribute for the block, and put back before the session ends)."""
+    if config == "racecheck-off":
+        ctx.recorder.checking = False       # the dispatch mode's own floor: ops run unrecorded
+        try:
+            yield
+        finally:
+            ctx.recorder.checking = True
+    elif config == "racecheck-unchecked":
+        rec = ctx.recorder
+        real, rec._checker = rec._checker, _DroppingChecker()
+        try:
+            yield
+        finally:
+            rec.queue.clear()
+            rec._checker = real
+    else:
+        yield
+
+
+def in_process(workloads, rounds: int, iters: int, split: bool = False) -> list:
     """plain, the do-nothing mode and racecheck in one process, a timed block of each in turn,
     `rounds` times: each round's ratios compare blocks run within a fraction of a second of each
     other on the same CPU, which a shared host's drift between processes does not reach (none of
-    the three activates torch's GPU trace, so they can share a process)."""
-    import contextlib
-
+    the three activates torch's GPU trace, so they can share a process). `split` adds racecheck
+    with checking off and racecheck with its events dropped unchecked: where its time goes."""
     import torch
 
     import racecheck
 
     contexts = {"plain": contextlib.nullcontext, "noop-mode": _noop_mode,
                 "racecheck": lambda: racecheck.session(device="cuda")}
+    if split:
+        contexts["racecheck-off"] = contexts["racecheck-unchecked"] = contexts["racecheck"]
     rows = []
     for workload in workloads:
         per = {c: [] for c in contexts}
         for _ in range(rounds):
             for config, make in contexts.items():
-                with make() as ctx:
+                with make() as ctx, _split_mode(ctx, config):
                     step, graph_factory = _decode_step_factory(torch, torch.cuda)
                     fn = step if workload == "eager" else graph_factory()
                     for _ in range(20):
                         fn()
                     per[config].append(timed_blocks(fn, iters, torch.cuda.synchronize, blocks=1))
-                    if config == "racecheck" and ctx.findings:
-                        raise SystemExit(f"racecheck reported {len(ctx.findings)} findings")
+                if config == "racecheck" and ctx.findings:
+                    raise SystemExit(f"racecheck reported {len(ctx.findings)} findings")
         base = {"plain": per["plain"], "noop": per["noop-mode"]}
         for config, xs in per.items():
             rows.append({"workload": workload, "config": config,
@@ -226,6 +260,9 @@ def main(argv=None) -> int:
     p.add_argument("--in-process", action="store_true",
                    help="plain, do-nothing mode and racecheck in one process, blocks interleaved "
                    "(--rounds of them, 15 by default): per-round ratios a noisy host disturbs less")
+    p.add_argument("--split", action="store_true",
+                   help="with --in-process: also racecheck with checking off, and with its events "
+                   "dropped unchecked (the dispatch floor, emission, checking)")
     p.add_argument("--configs", default=",".join(CONFIGS),
                    help=f"comma-separated, of {', '.join(CONFIGS + OPTIONAL)}")
     args = p.parse_args(argv)
@@ -245,10 +282,11 @@ def main(argv=None) -> int:
         return 0
     iters = 50 if args.quick else 300
     if args.in_process:
-        rows = in_process([w for w in WORKLOADS if w in workloads], args.rounds or 15, iters)
+        rows = in_process([w for w in WORKLOADS if w in workloads], args.rounds or 15, iters,
+                          split=args.split)
         print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  in one process, "
               f"rounds {args.rounds or 15}  cpus {args.cpus or 'any'}")
-        print(f"{'workload':10s} {'config':12s} {'ms/iter':>10s} {'x plain':>8s} {'x noop':>7s}  "
+        print(f"{'workload':10s} {'config':19s} {'ms/iter':>10s} {'x plain':>8s} {'x noop':>7s}  "
               "(medians of the per-round ratios; quartiles in brackets)")
         for r in rows:
             cells = []
@@ -257,7 +295,7 @@ def main(argv=None) -> int:
                 q = statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
                 r[f"x_{b}"] = statistics.median(xs)
                 cells.append(f"{r[f'x_{b}']:.2f} [{q[0]:.2f}-{q[2]:.2f}]")
-            print(f"{r['workload']:10s} {r['config']:12s} {r['ms_per_iter']:10.3f}  " + "  ".join(cells))
+            print(f"{r['workload']:10s} {r['config']:19s} {r['ms_per_iter']:10.3f}  " + "  ".join(cells))
         if args.json:
             with open(args.json, "w") as fp:
                 json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,

@@ -46,12 +46,13 @@ def child(configs: list, runs: int) -> list:
     """In the process that has sglang on its path."""
     import torch
 
-    from racecheck import scenarios
+    from racecheck import native, scenarios
 
     sc = scenarios.get("sglang-eagle-v2")
     rows = []
     for c in configs:
-        row = {"name": c["name"], "set": c["set"]}
+        row = {"name": c["name"], "set": c["set"], "c_hot_path": native.speedups is not None,
+               "c_engine": native.engine is not None}
         try:
             cfg = sc.config(overrides=c["set"])
             t0 = time.perf_counter()
@@ -100,8 +101,11 @@ def main() -> int:
         return 0
     site = install(args.bundle)
     os.makedirs(args.out, exist_ok=True)
+    # the bundle first; then whatever racecheck this process was given (an install with its C
+    # code built); the source tree last, as a fallback
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [site, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]))
+        [site, *inherited, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]))
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--bundle",
                            args.bundle, "--out", args.out, "--runs", str(args.runs)]
                           + (["--only", args.only] if args.only else []), env=env)
