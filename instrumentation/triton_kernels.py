@@ -18,6 +18,7 @@ autotuned and heuristics wrappers end in) become one `Kernel` event on the curre
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import textwrap
 import threading
@@ -189,7 +190,7 @@ class _Analysis:
         self.consts = {}
         self.const_params = set()
         self.name = fn.__name__
-        self.params = list(inspect.signature(fn).parameters)
+        self.params = list(_signature(fn).parameters)
         scope = dict(fn.__globals__)
         try:
             scope.update(inspect.getclosurevars(fn).nonlocals)
@@ -421,7 +422,7 @@ class _Analysis:
             self.unknown |= set().union(*pos, *kw.values()) if (pos or kw) else set()
             return set()
         consts = {}
-        params = list(inspect.signature(fn).parameters)
+        params = list(_signature(fn).parameters)
         for p, a in zip(params, c.args):
             v = _const_eval(a, self.consts)
             if v is not _UNKNOWN:
@@ -457,6 +458,12 @@ class _Analysis:
         return out
 
 
+@functools.lru_cache(maxsize=4096)
+def _signature(fn) -> inspect.Signature:
+    """A kernel function's signature, read once: every launch binds its arguments to it."""
+    return inspect.signature(fn)
+
+
 def _unwrap_constexpr(v):
     return getattr(v, "value", v) if type(v).__name__ == "constexpr" else v
 
@@ -464,7 +471,7 @@ def _unwrap_constexpr(v):
 def launch_consts(fn, args, kwargs) -> dict:
     """Values the launch gives the kernel's `tl.constexpr` parameters (defaults included)."""
     try:
-        sig = inspect.signature(fn)
+        sig = _signature(fn)
         bound = sig.bind_partial(*args, **{k: v for k, v in kwargs.items() if k in sig.parameters})
     except (TypeError, ValueError):
         return {}
@@ -483,7 +490,7 @@ def launch_consts(fn, args, kwargs) -> dict:
 def launch_args(acc: KernelAccess, fn, args, kwargs) -> tuple:
     """(reads, writes, approx) tensors of one launch, bound to the kernel's parameters."""
     try:
-        bound = inspect.signature(fn).bind_partial(*args, **{k: v for k, v in kwargs.items()
+        bound = _signature(fn).bind_partial(*args, **{k: v for k, v in kwargs.items()
                                                               if k in acc.params})
     except TypeError:
         bound = None
