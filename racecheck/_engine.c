@@ -394,6 +394,7 @@ typedef struct {
     Noop *noop;             /* insertion order, at most NOOP_WAITS_KEPT */
     int noop_n, noop_cap;
     int noop_made;          /* the dict exists (Checker._remember_noop ran once) */
+    PyObject *frees;        /* allocation streams: open RC005 hazards (_OpenFree list), or NULL */
 } TL;
 
 /* ---- shadow memory (racecheck/shadow.py: StorageShadow) ------------------------------------- */
@@ -581,6 +582,8 @@ typedef struct {
     int64_t name_order;
     PyObject *tolerant;         /* storage -> byte intervals */
     PyObject *kit;              /* classes and helpers for export (a dict) */
+    PyObject *frees_open;       /* [(allocation stream index, _OpenFree)] in free order */
+    PyObject *namer;            /* the checker's namer during process_all (borrowed) */
     PyTypeObject *etype[E_N];
     Py_ssize_t off[E_N][F_N];
     PyTypeObject *fp_type;
@@ -1344,6 +1347,8 @@ static int all_clean(Engine *e, int rfirst, int rcount, int wfirst, int wcount, 
 #define HANDOVER 0
 #define TRY(x) do { int r_ = (x); if (r_ <= 0) return r_ == -2 ? HANDOVER : r_; } while (0)
 
+static int settle_frees(Engine *e, int s);
+
 static Block *block_get(Engine *e, int64_t b) { return map_get(&e->blocks, b); }
 
 static Block *block_make(Engine *e, PyObject *blk, int64_t b) {
@@ -1376,6 +1381,7 @@ static int on_kernel(Engine *e, PyObject *ev, int64_t seq) {
     int s = launch(e, field(e, E_KERNEL, ev, F_THREAD), field(e, E_KERNEL, ev, F_STREAM), NULL);
     if (s < 0)
         return s == -2 ? HANDOVER : -1;
+    TRY(settle_frees(e, s));
     PyObject *reads = field(e, E_KERNEL, ev, F_READS), *writes = field(e, E_KERNEL, ev, F_WRITES);
     int rf, rn, wf, wn;
     TRY(parse_fps(e, reads, &rf, &rn));
@@ -1429,6 +1435,7 @@ static int on_copy(Engine *e, PyObject *ev, int64_t seq) {
     int s = launch(e, field(e, E_COPY, ev, F_THREAD), field(e, E_COPY, ev, F_STREAM), &h);
     if (s < 0)
         return s == -2 ? HANDOVER : -1;
+    TRY(settle_frees(e, s));
     PyObject *src = field(e, E_COPY, ev, F_SRC), *dst = field(e, E_COPY, ev, F_DST),
              *op = field(e, E_COPY, ev, F_OP), *nb = field(e, E_COPY, ev, F_NON_BLOCKING);
     if (src == NULL || dst == NULL || op == NULL || nb == NULL)
@@ -1712,6 +1719,9 @@ static int rc005_hazard(Engine *e, Shadow *sh, int a, TL *h, PyObject *rs) {
     return 0;
 }
 
+static PyObject *open_hazards(Engine *e, PyObject *ev, int64_t seq, int h, PyObject *blk,
+                              Block *bl, Shadow *sh, int a);
+
 /* Checker._on_free */
 static int on_free(Engine *e, PyObject *ev, int64_t seq) {
     PyObject *blk = field(e, E_FREE, ev, F_BLOCK);
@@ -1723,23 +1733,44 @@ static int on_free(Engine *e, PyObject *ev, int64_t seq) {
         return h == -2 ? HANDOVER : -1;
     Block *bl = block_get(e, b);
     Shadow *sh = shadow_get(e, b);
+    int a = -1, hazard = 0;
     if (sh != NULL && bl != NULL && bl->has_alloc && !bl->host && bl->stream != NULL &&
         bl->stream != Py_None) {
         int64_t si = 0;
         as_i64(bl->stream, &si);
-        int a = tl_index(e, si);
+        a = tl_index(e, si);
         if (a < 0)
             return HANDOVER;
         if (!only_on(sh, a)) {
-            int hz = rc005_hazard(e, sh, a, &e->tls[h], bl->rs);
-            if (hz != 0)
-                return hz < 0 ? -1 : HANDOVER;
+            hazard = rc005_hazard(e, sh, a, &e->tls[h], bl->rs);
+            if (hazard < 0)
+                return -1;
         }
     }
     TL *ht = &e->tls[h];
     Py_INCREF(blk);
     CtxEnt c = {CX_FREE, seq, NULL, blk, NULL, 0, 0, -1, -1};
     ctx_push(e, ht, &c);
+    if (hazard) {       /* kept open on the allocation stream (Checker._open_free) */
+        PyObject *opened = open_hazards(e, ev, seq, h, blk, bl, sh, a);
+        if (opened == NULL)
+            return -1;
+        TL *at = &e->tls[a];
+        int rc = 0;
+        if (at->frees == NULL && (at->frees = PyList_New(0)) == NULL)
+            rc = -1;
+        for (Py_ssize_t k = 0; rc == 0 && k < PyList_GET_SIZE(opened); k++) {
+            PyObject *hz = PyList_GET_ITEM(opened, k);
+            PyObject *ent = Py_BuildValue("(iO)", a, hz);
+            if (ent == NULL || PyList_Append(at->frees, hz) < 0 ||
+                PyList_Append(e->frees_open, ent) < 0)
+                rc = -1;
+            Py_XDECREF(ent);
+        }
+        Py_DECREF(opened);
+        if (rc < 0)
+            return -1;
+    }
     if (sh != NULL) {
         map_del(&e->shadows, b);
         shadow_free(sh);
@@ -1768,6 +1799,38 @@ static int on_free(Engine *e, PyObject *ev, int64_t seq) {
             rd->v[k].inp->fresh.n = 0;
         }
     }
+    return 1;
+}
+
+/* Checker._settle_frees, where nothing comes due: stream s issues device work (after its launch
+   join); an open hazard it has not caught up with would be a finding: 0, hand over. Else the
+   hazards close: 1. */
+static int settle_frees(Engine *e, int s) {
+    TL *t = &e->tls[s];
+    if (t->frees == NULL)
+        return 1;
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(t->frees); k++) {
+        PyObject *hz = PyList_GET_ITEM(t->frees, k);
+        int64_t ti, clock;
+        if (!PyTuple_Check(hz) || PyTuple_GET_SIZE(hz) < 2 || !as_i64(PyTuple_GET_ITEM(hz, 0), &ti) ||
+            !as_i64(PyTuple_GET_ITEM(hz, 1), &clock))
+            return HANDOVER;
+        int i = tl_index(e, ti);
+        if (clock > (i >= 0 ? vc_get(&t->vc, i) : 0))
+            return HANDOVER;
+    }
+    Py_CLEAR(t->frees);
+    PyObject *kept = PyList_New(0);
+    if (kept == NULL)
+        return -1;
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(e->frees_open); k++) {
+        PyObject *ent = PyList_GET_ITEM(e->frees_open, k);
+        if (PyLong_AsLong(PyTuple_GET_ITEM(ent, 0)) != s && PyList_Append(kept, ent) < 0) {
+            Py_DECREF(kept);
+            return -1;
+        }
+    }
+    Py_SETREF(e->frees_open, kept);
     return 1;
 }
 
@@ -2088,6 +2151,7 @@ static int on_replay(Engine *e, PyObject *ev, int64_t seq) {
     int s = launch(e, field(e, E_REPLAY, ev, F_THREAD), field(e, E_REPLAY, ev, F_STREAM), NULL);
     if (s < 0)
         return s == -2 ? HANDOVER : -1;
+    TRY(settle_frees(e, s));
     Graph *gr = graph_get(e, g);
     if (gr != NULL) {
         int r = rc006_clean(gr);
@@ -2344,11 +2408,7 @@ static int process_one(Engine *e, PyObject *ev) {
 
 /* process_all(iterator): None when every event was handled, else the first event the engine
    leaves to the Python checker (not counted; the iterator is left just past it). */
-static PyObject *eng_process_all(Engine *e, PyObject *it) {
-    if (e->done) {
-        PyErr_SetString(PyExc_RuntimeError, "the engine has handed its state over");
-        return NULL;
-    }
+static PyObject *process_iter(Engine *e, PyObject *it) {
     for (;;) {
         PyObject *ev = PyIter_Next(it);
         if (ev == NULL) {
@@ -2367,6 +2427,27 @@ static PyObject *eng_process_all(Engine *e, PyObject *it) {
             return NULL;
         }
     }
+}
+
+/* process_all(iterator, namer=None): the namer names tensors in the hazards a free opens */
+static PyObject *eng_process_all(Engine *e, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "process_all(iterator, namer=None)");
+        return NULL;
+    }
+    if (e->done) {
+        PyErr_SetString(PyExc_RuntimeError, "the engine has handed its state over");
+        return NULL;
+    }
+    PyObject *prev = e->namer;
+    e->namer = nargs > 1 && args[1] != Py_None ? args[1] : NULL;
+    PyObject *r = process_iter(e, args[0]);
+    e->namer = prev;
+    return r;
+}
+
+static PyObject *eng_hazards_open(Engine *e, PyObject *unused) {
+    return PyLong_FromSsize_t(PyList_GET_SIZE(e->frees_open));
 }
 
 /* ---- export: the Python Checker's state, as its own handlers would have left it ----------- */
@@ -2544,7 +2625,10 @@ static PyObject *input_out(Ex *x, GInput *inp) {
     return o;
 }
 
-static int export_timelines(Ex *x, PyObject *c) {
+/* Every timeline, or (keep != NULL: a view for open_hazards) what Checker._context reads of
+   them for accesses since `from_seq`: the whole window of the timelines kept, and the other
+   timelines' sync entries into those since then; no clocks, no no-op waits. */
+static int export_timelines_of(Ex *x, PyObject *c, const char *keep, int64_t from_seq) {
     Engine *e = x->e;
     PyObject *tls = PyDict_New(), *streams = PyList_New(0);
     if (tls == NULL || streams == NULL || PyObject_SetAttrString(c, "_tl", tls) < 0 ||
@@ -2560,7 +2644,7 @@ static int export_timelines(Ex *x, PyObject *c) {
         return -1;
     for (int i = 0; i < e->ntl; i++) {
         TL *t = &e->tls[i];
-        PyObject *vc = vc_out(x, &t->vc);
+        PyObject *vc = keep == NULL ? vc_out(x, &t->vc) : PyDict_New();
         if (vc == NULL)
             return -1;
         PyObject *o = PyObject_CallFunction(cls, "OOOi", t->tid, t->is_host ? Py_True : Py_False,
@@ -2593,7 +2677,11 @@ static int export_timelines(Ex *x, PyObject *c) {
         if (ctx == NULL)
             return -1;
         for (int k = 0; k < t->ctx_n; k++) {
-            PyObject *ent = ctx_out(x, &t->ctx[(t->ctx_head + k) % e->window]);
+            CtxEnt *ce = &t->ctx[(t->ctx_head + k) % e->window];
+            if (keep != NULL && !keep[i] &&
+                (ce->type != CX_CTX || ce->seq < from_seq || ce->peer < 0 || !keep[ce->peer]))
+                continue;
+            PyObject *ent = ctx_out(x, ce);
             PyObject *r = ent ? PyObject_CallMethodOneArg(ctx, s_append, ent) : NULL;
             Py_XDECREF(ent);
             if (r == NULL) {
@@ -2603,6 +2691,10 @@ static int export_timelines(Ex *x, PyObject *c) {
             Py_DECREF(r);
         }
         Py_DECREF(ctx);
+        if (keep != NULL)
+            continue;
+        if (t->frees != NULL && set_attr_new(o, "frees", PyList_GetSlice(t->frees, 0, PY_SSIZE_T_MAX)) < 0)
+            return -1;
         if (t->noop_made) {
             PyObject *d = PyDict_New(), *wcls = kit(e, "_NoopWait");
             if (d == NULL || wcls == NULL) {
@@ -2626,6 +2718,8 @@ static int export_timelines(Ex *x, PyObject *c) {
     }
     return PyObject_SetAttrString(c, "_main", e->main >= 0 ? x->tl_objs[e->main] : Py_None);
 }
+
+static int export_timelines(Ex *x, PyObject *c) { return export_timelines_of(x, c, NULL, 0); }
 
 static int export_shadows(Ex *x, PyObject *c) {
     Engine *e = x->e;
@@ -2864,12 +2958,128 @@ static PyObject *eng_export(Engine *e, PyObject *c) {
         rc = export_graphs(&x, c);
     if (rc == 0)
         rc = export_rest(&x, c);
+    if (rc == 0) {
+        PyObject *open = PyList_New(0);
+        rc = open == NULL ? -1 : 0;
+        for (Py_ssize_t k = 0; rc == 0 && k < PyList_GET_SIZE(e->frees_open); k++) {
+            PyObject *ent = PyList_GET_ITEM(e->frees_open, k);
+            PyObject *o = Py_BuildValue("(OO)", x.tl_objs[PyLong_AsLong(PyTuple_GET_ITEM(ent, 0))],
+                                        PyTuple_GET_ITEM(ent, 1));
+            if (o == NULL || PyList_Append(open, o) < 0)
+                rc = -1;
+            Py_XDECREF(o);
+        }
+        if (rc == 0)
+            rc = set_attr_new(c, "_frees_open", open);
+        else
+            Py_XDECREF(open);
+    }
     PyMem_Free(x.tl_objs);
     Py_DECREF(x.keep);
     e->done = 1;        /* also after a failed export: the records' export cache is stale */
     if (rc < 0)
         return NULL;
     Py_RETURN_NONE;
+}
+
+/* Checker._check_rc005 for a free that opens hazards: the accesses it is unordered with, listed
+   as the Python loop lists them, and the hazards the reference code makes of them on a Checker
+   given this engine's timelines (engine.py _open_hazards). A new list of _OpenFree, or NULL. */
+static PyObject *open_hazards(Engine *e, PyObject *ev, int64_t seq, int h, PyObject *blk,
+                              Block *bl, Shadow *sh, int a) {
+    PyObject *result = NULL, *items = NULL, *view = NULL, *site = NULL, *seqo = NULL;
+    char *keep = NULL;      /* timelines whose whole context window the view gets */
+    PyObject *cls = kit(e, "Checker"), *fn = kit(e, "open_hazards");
+    Ex x = {e, PyList_New(0), NULL, kit(e, "_Ctx"), kit(e, "_CtxFree")};
+    if (cls == NULL || fn == NULL || x.keep == NULL || x.ctx_cls == NULL || x.free_cls == NULL)
+        goto done;
+    if ((x.tl_objs = PyMem_Calloc((size_t)(e->ntl + 1), sizeof(PyObject *))) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if ((items = PyList_New(0)) == NULL || (keep = PyMem_Calloc((size_t)e->ntl + 1, 1)) == NULL)
+        goto done;
+    keep[a] = keep[h] = 1;
+    int64_t from_seq = INT64_MAX;
+    TL *ht = &e->tls[h];
+    const VC *avc = &e->tls[a].vc;
+    for (int k = 0; k < sh->n; k++) {
+        Seg *sg = &sh->segs[k];
+        if (sg->gap)
+            continue;
+        for (int m = -1; m < sg->nr; m++) {
+            Rec *rec = m < 0 ? sg->w : sg->r[m].rec;
+            if (rec == NULL || rec->tl == a || rec->host)
+                continue;
+            TL *t = &e->tls[rec->tl];
+            if (bl->rs != NULL) {
+                int in = PySet_Contains(bl->rs, t->tid);
+                if (in < 0)
+                    goto done;
+                if (in)
+                    continue;
+            }
+            if (t->is_host || rec->clock <= vc_get(&ht->vc, rec->tl) || rec->clock <= vc_get(avc, rec->tl))
+                continue;
+            keep[rec->tl] = 1;
+            if (rec->seq < from_seq)
+                from_seq = rec->seq;
+            PyObject *r = rec_out(&x, rec);
+            PyObject *item = r ? Py_BuildValue("(OsLL)", r, m < 0 ? "write" : "read",
+                                               (long long)sh->bounds[k], (long long)sh->bounds[k + 1])
+                               : NULL;
+            if (item == NULL || PyList_Append(items, item) < 0) {
+                Py_XDECREF(item);
+                goto done;
+            }
+            Py_DECREF(item);
+        }
+    }
+    if ((view = PyObject_CallFunction(cls, "i", e->window)) == NULL ||
+        export_timelines_of(&x, view, keep, from_seq) < 0)
+        goto done;
+    PyObject *names = PyDict_GetItemWithError(e->names, blk);
+    if (names == NULL && PyErr_Occurred())
+        goto done;
+    if (bl->has_site) {
+        PyObject *first = PySequence_GetSlice(bl->site_stack, 0, 1);
+        if (first == NULL || (site = Py_BuildValue("(ON)", bl->site_op, first)) == NULL)
+            goto done;
+    }
+    if ((seqo = PyLong_FromLongLong(seq)) == NULL)
+        goto done;
+    PyObject *args[10] = {view, e->namer ? e->namer : Py_None, ev, seqo, ht->tid, blk,
+                          e->tls[a].tid, items, names ? names : Py_None, site ? site : Py_None};
+    result = PyObject_Vectorcall(fn, args, 10, NULL);
+    if (result != NULL && !PyList_Check(result)) {
+        Py_CLEAR(result);
+        PyErr_SetString(PyExc_TypeError, "open_hazards must return a list");
+    }
+done:
+    /* the records' export cache is the final export's: forget what this one filled in */
+    for (int i = 0; i < e->ntl; i++) {
+        TL *t = &e->tls[i];
+        for (int k = 0; k < t->ctx_n; k++) {
+            CtxEnt *c = &t->ctx[(t->ctx_head + k) % e->window];
+            if (c->type == CX_REC)
+                c->rec->out = NULL;
+        }
+    }
+    for (int k = 0; k < sh->n; k++) {
+        Seg *sg = &sh->segs[k];
+        if (sg->w != NULL)
+            sg->w->out = NULL;
+        for (int m = 0; m < sg->nr; m++)
+            sg->r[m].rec->out = NULL;
+    }
+    PyMem_Free(x.tl_objs);
+    PyMem_Free(keep);
+    Py_XDECREF(x.keep);
+    Py_XDECREF(items);
+    Py_XDECREF(view);
+    Py_XDECREF(site);
+    Py_XDECREF(seqo);
+    return result;
 }
 
 /* ---- the type ------------------------------------------------------------------------------ */
@@ -2922,6 +3132,7 @@ static void eng_dealloc(Engine *e) {
         Py_XDECREF(t->tid);
         Py_XDECREF(t->name);
         Py_XDECREF(t->device);
+        Py_XDECREF(t->frees);
     }
     PyMem_Free(e->tls);
     PyMem_Free(e->streams);
@@ -2966,6 +3177,7 @@ static void eng_dealloc(Engine *e) {
     Py_XDECREF(e->names);
     Py_XDECREF(e->tolerant);
     Py_XDECREF(e->kit);
+    Py_XDECREF(e->frees_open);
     PyMem_Free(e->fps);
     PyMem_Free(e->ivs);
     Py_TYPE(e)->tp_free((PyObject *)e);
@@ -2990,7 +3202,8 @@ static PyObject *eng_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     e->kit = kitd;
     e->names = PyDict_New();
     e->tolerant = PyDict_New();
-    if (e->names == NULL || e->tolerant == NULL) {
+    e->frees_open = PyList_New(0);
+    if (e->names == NULL || e->tolerant == NULL || e->frees_open == NULL) {
         Py_DECREF(e);
         return NULL;
     }
@@ -3029,8 +3242,10 @@ static PyObject *eng_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
 }
 
 static PyMethodDef eng_methods[] = {
-    {"process_all", (PyCFunction)eng_process_all, METH_O,
-     "process_all(iterator) -> None, or the first event left to the Python checker"},
+    {"process_all", (PyCFunction)(void (*)(void))eng_process_all, METH_FASTCALL,
+     "process_all(iterator, namer=None) -> None, or the first event left to the Python checker"},
+    {"hazards_open", (PyCFunction)eng_hazards_open, METH_NOARGS,
+     "RC005 hazards open now (Checker._frees_open)"},
     {"export", (PyCFunction)eng_export, METH_O,
      "export(checker): give a new Checker this state (the engine is done after it)"},
     {"timeline_name", (PyCFunction)eng_timeline_name, METH_O, "Checker.timeline_name"},

@@ -780,11 +780,11 @@ class Checker:
         avc = a.vc if a is not None else {}
         hvc = h.vc
         tls = self._tl
-        found = {}    # T -> (latest rec, kind, ranges)
+        items = []      # (record, kind, lo, hi): accesses the free is unordered with, in shadow order
         for lo, hi, st in sh.segments():
-            items = [(st[0], "write")] if st[0] is not None else []
-            items.extend((r, "read") for r in st[1].values())
-            for rec, kind in items:
+            recs = [(st[0], "write")] if st[0] is not None else []
+            recs.extend((r, "read") for r in st[1].values())
+            for rec, kind in recs:
                 t = rec[TL]
                 if t == a_tid or rec[HOST] or t in rs:
                     continue
@@ -794,23 +794,35 @@ class Checker:
                 c = rec[CLOCK]
                 if c <= hvc.get(t, 0) or c <= avc.get(t, 0):
                     continue
-                ent = found.get(t)
-                if ent is None:
-                    found[t] = (rec, kind, [(lo, hi)])
-                else:
-                    latest, lkind, ranges = ent
-                    if rec[SEQ] > latest[SEQ]:
-                        latest, lkind = rec, kind
-                    found[t] = (latest, lkind, iv_add(ranges, lo, hi))
+                items.append((rec, kind, lo, hi))
+        for hazard in self._rc005_hazards(ev, seq, h.tid, blk, a_tid, items):
+            self._open_free(a, hazard)
+
+    def _rc005_hazards(self, ev, seq, h_tid, blk, a_tid, items) -> list:
+        """The hazards a free opens: per timeline, its latest unordered access and the bytes.
+        (The C engine calls this too, on a checker holding its timelines, to keep going.)"""
+        found = {}    # T -> (latest rec, kind, ranges)
+        for rec, kind, lo, hi in items:
+            t = rec[TL]
+            ent = found.get(t)
+            if ent is None:
+                found[t] = (rec, kind, [(lo, hi)])
+            else:
+                latest, lkind, ranges = ent
+                if rec[SEQ] > latest[SEQ]:
+                    latest, lkind = rec, kind
+                found[t] = (latest, lkind, iv_add(ranges, lo, hi))
+        out = []
         for t, (rec, kind, ranges) in sorted(found.items(), key=lambda x: x[1][0][SEQ]):
             place, _nm = self._describe(blk, ranges)
             loc, fn, frames = _fmt_stack(ev.stack)
             free = Access(op="free", stream=self.timeline_name(a_tid), kind="free", location=loc,
                           function=fn, stack=frames, seq=seq)
             race = Race("RC005", place, free, self._access(rec, kind),
-                        context=self._context((t, a_tid, h.tid), rec[SEQ], seq),
-                        approx=self._approx(rec, blk) or "", freer=self.timeline_name(h.tid))
-            self._open_free(a, _OpenFree(t, rec[CLOCK], h.tid, race))
+                        context=self._context((t, a_tid, h_tid), rec[SEQ], seq),
+                        approx=self._approx(rec, blk) or "", freer=self.timeline_name(h_tid))
+            out.append(_OpenFree(t, rec[CLOCK], h_tid, race))
+        return out
 
     # ---- graphs -------------------------------------------------------------------------------
 
@@ -1359,22 +1371,20 @@ class Checker:
             if t not in order:
                 order.append(t)
         tset = set(order)
-        items = []
+        items = []          # (seq, raw context entry, timeline): entries made readable at the end
         for t in order:
             tl = self._tl.get(t)
             if tl is None:
                 continue
             before = []
             for e in tl.ctx:
-                if type(e) is not _Ctx:
-                    e = _ctx_entry(e)
-                s = e.seq
+                s = _ctx_seq(e)
                 if s > end_seq:
                     break
                 if s < start_seq:
-                    before.append((e, t))
+                    before.append((s, e, t))
                 else:
-                    items.append((e, t))
+                    items.append((s, e, t))
             items.extend(before[-CONTEXT_BEFORE:])
         for tl in self._tl.values():
             if tl.tid in tset:
@@ -1383,16 +1393,17 @@ class Checker:
                 if type(e) is not _Ctx:
                     continue            # a kernel or a free: no peer
                 if start_seq <= e.seq <= end_seq and e.peer in tset:
-                    items.append((e, tl.tid))
-        items.sort(key=lambda x: x[0].seq)
+                    items.append((e.seq, e, tl.tid))
+        items.sort(key=lambda x: x[0])
         if len(items) > CONTEXT_CAP:
-            pre = [x for x in items if x[0].seq < start_seq]
-            mid = [x for x in items if x[0].seq >= start_seq]
+            pre = [x for x in items if x[0] < start_seq]
+            mid = [x for x in items if x[0] >= start_seq]
             room = CONTEXT_CAP - len(pre)
             if len(mid) > room:
                 head = room // 3
                 mid = mid[:head] + mid[len(mid) - (room - head):]
             items = pre + mid
+        items = [(_ctx_entry(e), t) for _s, e, t in items]
         name = self.timeline_name
         return tuple(ContextEvent(seq=e.seq, timeline=name(t), kind=e.kind, label=e.label,
                                   peer=name(e.peer) if e.peer is not None else "", edge=e.edge)

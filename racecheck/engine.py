@@ -3,10 +3,17 @@
 `FastChecker` has `Checker`'s public interface. Events go to the engine, which keeps the
 checker's state (clocks, context windows, shadow memory, records, allocations, graphs) in C
 structures and handles every event that cannot lead to a finding. At the first event that could
-(a race, an RC005 hazard, stale graph input, an RC007 candidate) or that the engine does not
-model, it stops before touching its state, exports that state into a Python `Checker`, and the
-Python checker handles that event and everything after it. Findings therefore always come from
-the reference code; a clean run never leaves C.
+(a race, an RC005 hazard coming due, stale graph input, an RC007 candidate) or that the engine
+does not model, it stops before touching its state, exports that state into a Python `Checker`,
+and the Python checker handles that event and everything after it. Findings therefore always
+come from the reference code; a clean run never leaves C.
+
+An RC005 hazard (a free while another stream's access is unordered) is not a finding yet, and in
+real engines most of them close (the allocation stream catches up before it reuses the block).
+The engine keeps them: the Python checker's own `_rc005_hazards` builds each one, with its
+finding text, on a checker given the engine's timelines at the free (`_open_hazards`), and the
+engine hands over only when its allocation stream issues work before catching up, or when
+findings are read while one is open.
 
 `new_checker()` is the factory the recorder and `racecheck check` use: a FastChecker where the
 engine was built and the C path is on (racecheck.native), else the Python Checker.
@@ -28,10 +35,22 @@ def _kit() -> dict:
     kit = {name: cls for name, cls in vars(trace).items()
            if isinstance(cls, type) and issubclass(cls, trace.Event) and cls is not trace.Event}
     kit.update(Footprint=trace.Footprint, CapturedOp=trace.CapturedOp, _Timeline=_Timeline,
+               Checker=Checker, open_hazards=_open_hazards,
                StorageShadow=StorageShadow, _Ctx=_Ctx, _CtxFree=_CtxFree, _Recorded=_Recorded,
                _NoopWait=_NoopWait, _Graph=_Graph, _GraphInput=_GraphInput, _Replay=_Replay,
                _Name=_Name, iv_add=iv_add)
     return kit
+
+
+def _open_hazards(view: Checker, namer, ev, seq, h_tid, blk, a_tid, items, names, site) -> list:
+    """The RC005 hazards a free opens, made by the reference code on `view` (a Checker holding
+    the engine's timelines at the free; `names` and `site`, the freed block's, or None)."""
+    view.namer = namer
+    if names is not None:
+        view._names = {blk: names}
+    if site is not None:
+        view._sites = {blk: site}
+    return view._rc005_hazards(ev, seq, h_tid, blk, a_tid, items)
 
 
 class FastChecker:
@@ -82,7 +101,7 @@ class FastChecker:
             self._py.process_all(events)
             return self
         it = iter(events)
-        stop = self._engine.process_all(it)
+        stop = self._engine.process_all(it, self._namer)
         if stop is not None:
             op = getattr(stop, "op", None)
             self.handed_over_on = type(stop).__name__ + (f" {op}" if op else "")
@@ -91,6 +110,10 @@ class FastChecker:
 
     @property
     def findings(self) -> list:
+        """As the Python checker's: open RC005 hazards are judged as if the trace ended here,
+        which the reference code does (so the engine hands over if one is open)."""
+        if self._py is None and self._engine.hazards_open():
+            self._handover()
         return self._py.findings if self._py is not None else []
 
     @property

@@ -93,7 +93,8 @@ def state(c: Checker) -> dict:
                 records={k: (r.tl, dict(r.vc), r.seq, r.stack) for k, r in c._records.items()},
                 allocs=dict(c._allocs), unsited=list(c._unsited), sites=dict(c._sites),
                 recstreams={k: set(v) for k, v in c._recstreams.items()},
-                tolerant=dict(c._tolerant), pend=c._pend, frees_open=c._frees_open,
+                tolerant=dict(c._tolerant), pend=c._pend,
+                frees_open=[(a.tid, hz) for a, hz in c._frees_open],
                 stale_open=c._stale_open, findings=[f.to_json() for f in c.findings])
 
 
@@ -206,6 +207,62 @@ def test_iterator_resumes_after_the_handover():
     f = fast().process_all(iter(events))
     assert f.handed_over_at == 3 and f.handed_over_on == "Kernel r" and f.events_processed == 5
     assert [x.rule for x in f.findings] == ["RC001"]
+
+
+# -- RC005 hazards: kept in C until one comes due -----------------------------------------------------
+
+def _hazard_trace():
+    """A block allocated on `main`, written there, read on `side` (ordered after the write), then
+    freed by the host while the read is still unordered: an RC005 hazard on `main`."""
+    x = Footprint(7, ((0, 32),))
+    return [NameTimeline(0, 0, "host", True), NameTimeline(0, 1, "main"), NameTimeline(0, 2, "side"),
+            Alloc(0, 7, 1, 32), NameTensor(0, 7, 0, 32, "kv", 8, 4),
+            Kernel(0, 1, (), (x,), "fill", ST), EventRecord(0, 5, 1, ST),
+            StreamWaitEvent(0, 2, 5, ST), Kernel(0, 2, (x,), (), "gather", ST),
+            Free(0, 7, (("/eng/model.py", 9, "step"),))]
+
+
+def test_hazard_that_closes_stays_in_c():
+    """The allocation stream waits for the reader before its next work: no finding, and the
+    engine never hands over (the real sglang loop's pattern)."""
+    events = _hazard_trace() + [EventRecord(0, 6, 2, ST), StreamWaitEvent(0, 1, 6, ST),
+                                Kernel(0, 1, (), (Footprint(8, ((0, 8),)),), "next", ST)]
+    f = fast()
+    f.process_all(events[:10])
+    assert f._engine.hazards_open() == 1 and not f.handed_over
+    assert assert_same(events)
+    f.process_all(events[10:])
+    assert f._engine.hazards_open() == 0 and not f.handed_over and f.findings == []
+
+
+def test_hazard_that_comes_due_is_reported_by_the_reference():
+    events = _hazard_trace() + [Kernel(0, 1, (), (Footprint(8, ((0, 8),)),), "reuse", ST)]
+    assert not assert_same(events)
+    f = fast().process_all(events)
+    assert f.handed_over_on == "Kernel reuse"
+    assert [(x.rule, x.tensor) for x in f.findings] == [("RC005", "kv")]
+
+
+def test_hazard_open_when_findings_are_read():
+    events = _hazard_trace()
+    f = fast().process_all(events)
+    assert not f.handed_over
+    assert [(x.rule, x.tensor) for x in f.findings] == [("RC005", "kv")]   # as if the trace ended
+    assert [x.to_json() for x in f.findings] == [x.to_json() for x in reference().process_all(events).findings]
+
+
+def test_hazard_names_an_unnamed_block_through_the_namer():
+    events = [e for e in _hazard_trace() if type(e) is not NameTensor]
+    namer = lambda storage, lo, hi: "req_to_token" if storage == 7 else None   # noqa: E731
+    ref = reference()
+    ref.namer = namer
+    f = fast()
+    f.namer = namer
+    ref.process_all(events)
+    f.process_all(events)
+    assert not f.handed_over
+    assert [x.to_json() for x in f.findings] == [x.to_json() for x in ref.findings]
+    assert [x.tensor for x in f.findings] == ["req_to_token"]
 
 
 # -- random traces ---------------------------------------------------------------------------------
