@@ -598,7 +598,7 @@ typedef struct {
 } Engine;
 
 static PyTypeObject EngineType;
-static PyObject *str_stream, *str_event, *str_device, *s_append, *s_format;
+static PyObject *str_stream, *str_event, *str_device, *s_append, *s_format, *s_index_into;
 
 /* A field of event `ev` of kind k (borrowed), NULL when unset (the caller hands over). */
 static inline PyObject *field(Engine *e, int k, PyObject *ev, int f) {
@@ -2080,8 +2080,52 @@ static int on_capture(Engine *e, PyObject *ev, int64_t seq) {
 }
 
 /* Checker._check_rc006 would report nothing: 1 / 0 / -1 */
-static int rc006_clean(Graph *gr) {
-    IVL fresh = {NULL, 0, 0}, both = {NULL, 0, 0};
+/* Checker._check_rc006 on an input with stale bytes (`both` less `fresh`): nothing reported
+   when every stale byte is declared stale-tolerant and no captured op reads this input as
+   indices (Checker._stale_indices then does nothing): 1; else 0 (hand over), -1 on error. */
+static int stale_tolerated(Engine *e, Graph *gr, GInput *inp, const IVL *both, const IVL *fresh,
+                           IVL *tol) {
+    if (!PyDict_GET_SIZE(e->tolerant))
+        return 0;
+    PyObject *lst = PyDict_GetItemWithError(e->tolerant, inp->storage);
+    if (lst == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    if (!PyList_Check(lst))
+        return 0;
+    tol->n = 0;
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(lst); k++) {
+        PyObject *iv = PyList_GET_ITEM(lst, k);
+        int64_t lo, hi;
+        if (!PyTuple_Check(iv) || PyTuple_GET_SIZE(iv) != 2 || !as_i64(PyTuple_GET_ITEM(iv, 0), &lo) ||
+            !as_i64(PyTuple_GET_ITEM(iv, 1), &hi))
+            return 0;
+        if (ivl_add(tol, lo, hi) < 0)
+            return -1;
+    }
+    if (ivl_union(tol, fresh) < 0)
+        return -1;
+    if (ivl_subtract_nonempty(both, tol))
+        return 0;
+    for (int j = 0; j < inp->nops; j++) {
+        COp *c = &gr->cops[inp->ops[j]];
+        for (int m = 0; m < c->nreads; m++) {
+            if (c->reads[m].st != inp->st)
+                continue;
+            PyObject *into = PyObject_GetAttr(c->reads[m].fp, s_index_into);
+            if (into == NULL)
+                return -1;
+            int indices = into != Py_None;
+            Py_DECREF(into);
+            if (indices)
+                return 0;
+        }
+    }
+    return 1;
+}
+
+/* Checker._check_rc006 would report nothing for this replay: 1; 0: it might; -1 */
+static int rc006_clean(Engine *e, Graph *gr) {
+    IVL fresh = {NULL, 0, 0}, both = {NULL, 0, 0}, tol = {NULL, 0, 0};
     int rc = 1;
     for (int k = 0; rc == 1 && k < gr->ninputs; k++) {
         GInput *inp = gr->inputs[k];
@@ -2097,11 +2141,12 @@ static int rc006_clean(Graph *gr) {
                 break;
             }
             if (ivl_subtract_nonempty(&both, &fresh))
-                rc = 0;
+                rc = stale_tolerated(e, gr, inp, &both, &fresh, &tol);
         }
     }
     ivl_free(&fresh);
     ivl_free(&both);
+    ivl_free(&tol);
     return rc;
 }
 
@@ -2154,7 +2199,7 @@ static int on_replay(Engine *e, PyObject *ev, int64_t seq) {
     TRY(settle_frees(e, s));
     Graph *gr = graph_get(e, g);
     if (gr != NULL) {
-        int r = rc006_clean(gr);
+        int r = rc006_clean(e, gr);
         if (r <= 0)
             return r;
         const VC *vc = &e->tls[s].vc;
@@ -3280,7 +3325,8 @@ PyMODINIT_FUNC PyInit__engine(void) {
         !(str_event = PyUnicode_InternFromString("event")) ||
         !(str_device = PyUnicode_InternFromString("device")) ||
         !(s_append = PyUnicode_InternFromString("append")) ||
-        !(s_format = PyUnicode_InternFromString("format")))
+        !(s_format = PyUnicode_InternFromString("format")) ||
+        !(s_index_into = PyUnicode_InternFromString("index_into")))
         return NULL;
     PyObject *m = PyModule_Create(&engine_module);
     if (m == NULL)

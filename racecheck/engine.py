@@ -3,10 +3,11 @@
 `FastChecker` has `Checker`'s public interface. Events go to the engine, which keeps the
 checker's state (clocks, context windows, shadow memory, records, allocations, graphs) in C
 structures and handles every event that cannot lead to a finding. At the first event that could
-(a race, an RC005 hazard coming due, stale graph input, an RC007 candidate) or that the engine
-does not model, it stops before touching its state, exports that state into a Python `Checker`,
-and the Python checker handles that event and everything after it. Findings therefore always
-come from the reference code; a clean run never leaves C.
+(a race, an RC005 hazard coming due, stale graph input that is not declared stale-tolerant or
+is read as indices, an RC007 candidate) or that the engine does not model, it stops before
+touching its state, exports that state into a Python `Checker`, and the Python checker handles
+that event and everything after it. Findings therefore always come from the reference code; a
+clean run never leaves C.
 
 An RC005 hazard (a free while another stream's access is unordered) is not a finding yet, and in
 real engines most of them close (the allocation stream catches up before it reuses the block).

@@ -265,6 +265,40 @@ def test_hazard_names_an_unnamed_block_through_the_namer():
     assert [x.tensor for x in f.findings] == ["req_to_token"]
 
 
+# -- RC006: stale bytes declared stale-tolerant ---------------------------------------------------------
+
+def _padded_replays(index_role=False, tolerant=True):
+    """A graph reads all 32 bytes of storage 20 every replay; before the second replay the
+    program rewrites only the first 16 (the padding rows stay stale)."""
+    inp = Footprint(20, ((0, 32),))
+    read = inp.as_index_into(30) if index_role else inp
+    events = [NameTimeline(0, 0, "host", True), NameTimeline(0, 1, "main"),
+              NameTensor(0, 20, 0, 32, "input_ids", 8, 4),
+              GraphCapture(0, 1, [CapturedOp((read,), (Footprint(21, ((0, 8),)),), "embed", ST)], ST)]
+    if tolerant:
+        events.append(StaleTolerant(0, 20, 16, 32))
+    fill = Kernel(0, 1, (), (inp,), "fill", ST)
+    refill = Kernel(0, 1, (), (Footprint(20, ((0, 16),)),), "fill_live_rows", ST)
+    return events + [fill, GraphReplay(0, 1, 1, ST), refill, GraphReplay(0, 1, 1, ST)]
+
+
+def test_tolerated_stale_padding_stays_in_c():
+    assert assert_same(_padded_replays())
+    assert reference().process_all(_padded_replays()).findings == []
+
+
+def test_stale_padding_read_as_indices_is_left_to_the_reference():
+    events = _padded_replays(index_role=True)
+    assert not assert_same(events)
+    assert fast().process_all(events).handed_over_on == "GraphReplay"
+
+
+def test_undeclared_stale_padding_is_rc006():
+    events = _padded_replays(tolerant=False)
+    assert not assert_same(events)
+    assert [(f.rule, f.tensor) for f in fast().process_all(events).findings] == [("RC006", "input_ids")]
+
+
 # -- random traces ---------------------------------------------------------------------------------
 
 HOSTS, STREAMS, STORAGES, EVENTS, GRAPHS = (100, 101), (1, 2, 3), (10, 11, 12), (1, 2, 3), (1, 2)
