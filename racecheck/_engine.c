@@ -1689,6 +1689,23 @@ static int only_on(Shadow *sh, int a) {
     return 1;
 }
 
+/* A record in a freed block's shadow that Checker._check_rc005 lists: another stream's device
+   access, not covered by record_stream, unordered with the freeing host and the allocation
+   stream a: 1 / 0 / -1 */
+static int unordered_at_free(Engine *e, Rec *rec, int a, TL *h, const VC *avc, PyObject *rs) {
+    if (rec == NULL || rec->tl == a || rec->host)
+        return 0;
+    TL *t = &e->tls[rec->tl];
+    if (rs != NULL) {
+        int in = PySet_Contains(rs, t->tid);
+        if (in != 0)
+            return in < 0 ? -1 : 0;
+    }
+    if (t->is_host)
+        return 0;
+    return rec->clock > vc_get(&h->vc, rec->tl) && rec->clock > vc_get(avc, rec->tl);
+}
+
 /* Checker._check_rc005 would open a hazard for this free: 1 / 0 / -1 */
 static int rc005_hazard(Engine *e, Shadow *sh, int a, TL *h, PyObject *rs) {
     VC empty = {NULL, NULL, 0};
@@ -1698,22 +1715,9 @@ static int rc005_hazard(Engine *e, Shadow *sh, int a, TL *h, PyObject *rs) {
         if (s->gap)
             continue;
         for (int m = -1; m < s->nr; m++) {
-            Rec *rec = m < 0 ? s->w : s->r[m].rec;
-            if (rec == NULL || rec->tl == a || rec->host)
-                continue;
-            TL *t = &e->tls[rec->tl];
-            if (rs != NULL) {
-                int in = PySet_Contains(rs, t->tid);
-                if (in < 0)
-                    return -1;
-                if (in)
-                    continue;
-            }
-            if (t->is_host)
-                continue;
-            if (rec->clock <= vc_get(&h->vc, rec->tl) || rec->clock <= vc_get(avc, rec->tl))
-                continue;
-            return 1;
+            int u = unordered_at_free(e, m < 0 ? s->w : s->r[m].rec, a, h, avc, rs);
+            if (u != 0)
+                return u;
         }
     }
     return 0;
@@ -3042,8 +3046,12 @@ static PyObject *open_hazards(Engine *e, PyObject *ev, int64_t seq, int h, PyObj
         PyErr_NoMemory();
         goto done;
     }
-    if ((items = PyList_New(0)) == NULL || (keep = PyMem_Calloc((size_t)e->ntl + 1, 1)) == NULL)
+    if ((items = PyList_New(0)) == NULL)
         goto done;
+    if ((keep = PyMem_Calloc((size_t)e->ntl + 1, 1)) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
     keep[a] = keep[h] = 1;
     int64_t from_seq = INT64_MAX;
     TL *ht = &e->tls[h];
@@ -3054,17 +3062,10 @@ static PyObject *open_hazards(Engine *e, PyObject *ev, int64_t seq, int h, PyObj
             continue;
         for (int m = -1; m < sg->nr; m++) {
             Rec *rec = m < 0 ? sg->w : sg->r[m].rec;
-            if (rec == NULL || rec->tl == a || rec->host)
-                continue;
-            TL *t = &e->tls[rec->tl];
-            if (bl->rs != NULL) {
-                int in = PySet_Contains(bl->rs, t->tid);
-                if (in < 0)
-                    goto done;
-                if (in)
-                    continue;
-            }
-            if (t->is_host || rec->clock <= vc_get(&ht->vc, rec->tl) || rec->clock <= vc_get(avc, rec->tl))
+            int u = unordered_at_free(e, rec, a, ht, avc, bl->rs);
+            if (u < 0)
+                goto done;
+            if (u == 0)
                 continue;
             keep[rec->tl] = 1;
             if (rec->seq < from_seq)
