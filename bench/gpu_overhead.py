@@ -100,8 +100,6 @@ def _noop_mode():
 
 
 def worker(config: str, workload: str, iters: int) -> dict:
-    import contextlib
-
     import torch
 
     ctx = contextlib.nullcontext()

@@ -2083,7 +2083,6 @@ static int on_capture(Engine *e, PyObject *ev, int64_t seq) {
     return 1;
 }
 
-/* Checker._check_rc006 would report nothing: 1 / 0 / -1 */
 /* Checker._check_rc006 on an input with stale bytes (`both` less `fresh`): nothing reported
    when every stale byte is declared stale-tolerant and no captured op reads this input as
    indices (Checker._stale_indices then does nothing): 1; else 0 (hand over), -1 on error. */
