@@ -7,7 +7,10 @@ For the session (and restored exactly afterwards) the sim backend stands in for 
 * `"cuda"` placements become sim device tensors: factory `device=` arguments (rewritten in the
   dispatch mode, `Interceptor`), `.cuda()`, `.to("cuda")`, `torch.tensor(..., device="cuda")`,
   `torch.as_tensor`, `Tensor.new_tensor`, `torch.set_default_device("cuda")`, `with
-  torch.device("cuda")`;
+  torch.device("cuda")`, and random generators (`torch.Generator(device="cuda")` draws on the
+  host, where sim device memory lives);
+* a one-rank `torch.distributed` world asked for on NCCL, which a CPU build of torch lacks, is
+  made on gloo (`init_process_group`, `new_group`): collectives of one rank move no data;
 * CPU placements are host memory, as on a GPU machine: `.cpu()` and `.to("cpu")` of a device
   tensor make a new host tensor through a copy on the current stream (`non_blocking=True` leaves
   the host unsynchronized, so reading the result before a sync is RC004).
@@ -124,6 +127,8 @@ def route_cuda_to(backend) -> list:
 
     _patch_tensor_methods(p, router)
     _patch_constructors(p, router)
+    _patch_generator(p)
+    _patch_process_groups(p)
     backend.routes_cuda = True
     p.undo.append(lambda: setattr(backend, "routes_cuda", False))
     return p.undo
@@ -214,6 +219,47 @@ def _patch_constructors(p: _Patches, router: Router) -> None:
 
     for name in ("tensor", "as_tensor", "asarray"):
         p.set(torch, name, wrap(name))
+
+
+def _patch_generator(p: _Patches) -> None:
+    Generator = torch.Generator
+
+    class RoutedGenerator(Generator):
+        """`torch.Generator(device="cuda")` on sim: a host generator (a subclass, so
+        `isinstance(g, torch.Generator)` holds for every generator made meanwhile)."""
+
+        def __new__(cls, device="cpu"):
+            return Generator.__new__(cls, _CPU if is_cuda_device(device) else device)
+
+        def __init__(self, device="cpu"):
+            pass
+
+    RoutedGenerator.__name__ = RoutedGenerator.__qualname__ = "Generator"
+    p.set(torch, "Generator", RoutedGenerator)
+
+
+def _patch_process_groups(p: _Patches) -> None:
+    import torch.distributed as dist
+    if not dist.is_available() or dist.is_nccl_available():
+        return
+
+    def on_gloo(make):
+        def routed(*args, **kwargs):
+            backend = kwargs.get("backend", args[0] if args and make is init else None)
+            if backend is not None and "nccl" in str(backend).lower():
+                gloo = str(backend).lower().replace("nccl", "gloo")
+                if "backend" in kwargs:
+                    kwargs["backend"] = gloo
+                else:
+                    args = (gloo,) + tuple(args[1:])
+            return make(*args, **kwargs)
+        routed.__name__ = make.__name__
+        routed.__wrapped__ = make
+        return routed
+
+    init, new_group = dist.init_process_group, dist.new_group
+    p.set(dist, "init_process_group", on_gloo(init))
+    p.set(dist, "new_group", on_gloo(new_group))
 
 
 def _default_is_cuda() -> bool:

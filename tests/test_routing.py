@@ -196,3 +196,30 @@ def test_exec_routes_by_default_and_can_opt_out(tmp_path):
     assert _exec("--", "python", str(prog)).returncode == 0
     r = _exec("--no-route-cuda", "--", "python", str(prog))
     assert r.returncode == 1 and "CUDA" in r.stderr
+
+
+def test_a_cuda_generator_draws_on_the_host_and_is_restored():
+    Generator = torch.Generator
+    with racecheck.session(device="sim", route_cuda=True):
+        g = torch.Generator(device="cuda").manual_seed(3)
+        assert isinstance(g, Generator)
+        x = torch.rand(4, generator=g)
+        assert torch.equal(x, torch.rand(4, generator=Generator().manual_seed(3)))
+    assert torch.Generator is Generator
+
+
+def test_a_one_rank_nccl_world_is_made_on_gloo(tmp_path):
+    import torch.distributed as dist
+    if dist.is_nccl_available():
+        pytest.skip("this torch has NCCL")
+    init = dist.init_process_group
+    with racecheck.session(device="sim", route_cuda=True):
+        dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'rdzv'}", rank=0,
+                                world_size=1)
+        try:
+            assert dist.get_backend() == "gloo"
+            group = dist.new_group(ranks=[0], backend="nccl")
+            assert dist.get_backend(group) == "gloo"
+        finally:
+            dist.destroy_process_group()
+    assert dist.init_process_group is init
