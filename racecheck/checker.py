@@ -74,6 +74,7 @@ from .findings import Access, ContextEvent, FindingSet, Place, Race, describe
 from .replay import RECIPES_KEPT, ReplayPlan, simulate, stable_form
 from .shadow import (StorageShadow, iv_add, iv_intersect, iv_normalize, iv_subtract,
                      iv_union)
+from .sourcenames import creation_name
 from .trace import (frame_info, Alloc, Copy, EventRecord, Free, GraphCapture, GraphReplay, HostAccess,
                     HostSync, Kernel, NameTensor, NameTimeline, RecordStream, StaleTolerant,
                     StreamWaitEvent, StreamWaitStream)
@@ -1188,6 +1189,9 @@ class Checker:
                 return Place(held, storage, "bytes", byte_text, byte_text, True), None
         if nm is None:
             site = self._sites.get(storage)
+            made = creation_name(site[1][0]) if site is not None and site[1] else None
+            if made:
+                return Place(made, storage, "bytes", byte_text, byte_text, True), None
             if site is not None:
                 op, top = site
                 loc = _fmt_stack(top)[0] if top else ""

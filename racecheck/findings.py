@@ -7,6 +7,8 @@ Findings (or their JSON form), never the trace or the checker.
 """
 from __future__ import annotations
 
+import hashlib
+import re
 from dataclasses import asdict, dataclass, field
 
 from . import rules
@@ -55,6 +57,7 @@ class Finding:
     approx: str = ""             # why the footprint covers more than the access, when it does
     context: tuple = ()          # tuple[ContextEvent, ...], oldest first
     missing_edge: tuple = ()     # (from_timeline, to_timeline): the edge that would order the pair
+    where: str = ""              # the bytes, in the tensor's units ("rows 0..11 of `x` (bytes 0..95 ...)")
 
     @property
     def streams(self) -> tuple:
@@ -70,8 +73,18 @@ class Finding:
         return (self.rule, self.tensor, self.current.location, self.previous.location)
 
     def fingerprint(self) -> str:
-        import hashlib
         return hashlib.sha256("|".join(self.signature).encode()).hexdigest()[:16]
+
+    @property
+    def group_key(self) -> tuple:
+        """What makes two findings one fix: the rule family, the code sites the fix goes to, the
+        missing edge and the fix itself with the tensor's name taken out (a fix that differs in
+        anything else, an event, rows, a host read or write, is another group)."""
+        return (_FAMILY.get(self.rule, self.rule), _by(self.current), _by(self.previous),
+                *self.missing_edge, _generic_fix(self.suggestion, self.tensor))
+
+    def group_id(self) -> str:
+        return hashlib.sha256("|".join(self.group_key).encode()).hexdigest()[:16]
 
     def message(self) -> str:
         return (f"{self.rule} {self.title} on `{self.tensor}`: {self.current.describe()}; "
@@ -81,6 +94,7 @@ class Finding:
         d = asdict(self)
         d["streams"] = list(self.streams)
         d["fingerprint"] = self.fingerprint()
+        d["group"] = self.group_id()
         return d
 
     @classmethod
@@ -93,7 +107,7 @@ class Finding:
         return cls(rule=d["rule"], tensor=d["tensor"], current=access(d["current"]),
                    previous=access(d["previous"]), suggestion=d["suggestion"],
                    detail=d.get("detail", ""), approx=d.get("approx", ""), context=ctx,
-                   missing_edge=tuple(d.get("missing_edge", ())))
+                   missing_edge=tuple(d.get("missing_edge", ())), where=d.get("where", ""))
 
 
 @dataclass
@@ -116,6 +130,67 @@ class FindingSet:
 
     def __len__(self):
         return len(self.items)
+
+
+# RC001..RC003 share one fix (order the current side after the previous one): one family
+_FAMILY = {"RC002": "RC001", "RC003": "RC001"}
+
+
+def _generic_fix(fix: str, tensor: str) -> str:
+    """The fix with the tensor's own name replaced, so a fix written per tensor ("call
+    `x.record_stream(s)`") is the same for every tensor it covers."""
+    if not tensor:
+        return fix
+    return re.sub(r"(?<![\w.])" + re.escape(tensor) + r"(?![\w])", "{tensor}", fix)
+
+
+@dataclass
+class FindingGroup:
+    """Findings one synchronization fixes (same `Finding.group_key`), in detection order."""
+
+    id: str
+    findings: list
+
+    @property
+    def first(self) -> Finding:
+        return self.findings[0]
+
+    @property
+    def rules(self) -> list:
+        return sorted({f.rule for f in self.findings})
+
+    @property
+    def tensors(self) -> list:
+        """Distinct tensors in detection order."""
+        return list(dict.fromkeys(f.tensor for f in self.findings))
+
+    @property
+    def first_seq(self) -> int:
+        """Where in the trace the missing edge is first needed (-1: unknown, from an old file)."""
+        seqs = [f.current.seq for f in self.findings if f.current.seq >= 0]
+        return min(seqs) if seqs else -1
+
+
+def group_findings(findings) -> list:
+    """Findings as root-cause groups, the one to fix first first: the earliest missing edge in
+    the trace, then the group covering most tensors (detection order breaks ties)."""
+    groups: dict = {}
+    for f in findings:
+        gid = f.group_id()
+        g = groups.get(gid)
+        if g is None:
+            groups[gid] = FindingGroup(gid, [f])
+        else:
+            g.findings.append(f)
+    order = list(groups.values())
+    big = float("inf")
+    order.sort(key=lambda g: (g.first_seq if g.first_seq >= 0 else big, -len(g.tensors)))
+    return order
+
+
+def group_of(findings) -> dict:
+    """fingerprint -> group id, for reports that list findings one by one."""
+    return {f.fingerprint(): f.group_id() for f in findings}
 
 
 # ---- the checker's structured conclusions, and their prose --------------------------------------
@@ -277,7 +352,8 @@ def describe(r: Race) -> Finding:
         detail += f"; footprint approximate ({r.approx}): the access may touch fewer bytes"
     return Finding(rule=r.rule, tensor=r.place.tensor, current=r.current, previous=r.previous,
                    suggestion=fix, detail=detail, approx=r.approx, context=r.context,
-                   missing_edge=(r.previous.stream, r.current.stream))
+                   missing_edge=(r.previous.stream, r.current.stream), where=r.place.where())
 
 
-__all__ = ["Access", "ContextEvent", "Finding", "FindingSet", "Place", "Race", "describe"]
+__all__ = ["Access", "ContextEvent", "Finding", "FindingGroup", "FindingSet", "Place", "Race",
+           "describe", "group_findings", "group_of"]

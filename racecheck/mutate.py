@@ -18,6 +18,7 @@ import json
 from dataclasses import dataclass, field
 
 from racecheck.errors import UsageError
+from racecheck.findings import group_findings
 
 from racecheck.scenarios.registry import DROP_SYNC, Scenario, run
 
@@ -32,6 +33,7 @@ class SiteResult:
     calls: int
     verdict: str = ""
     exposes: list = field(default_factory=list)     # [(rule, tensor)] new when dropped
+    groups: list = field(default_factory=list)      # their root-cause groups (FindingGroup)
     diff: str = ""                                  # differential mismatch when dropped
     example: object = None                          # the first new Finding
     seconds: float = 0.0
@@ -40,6 +42,11 @@ class SiteResult:
         d = {"id": self.id, "kind": self.kind, "location": self.location, "calls": self.calls,
              "verdict": self.verdict, "exposes": [list(p) for p in self.exposes],
              "seconds": round(self.seconds, 3)}
+        if self.groups:
+            d["groups"] = [{"id": g.id, "rules": g.rules, "tensors": g.tensors,
+                            "missing_edge": list(g.first.missing_edge),
+                            "current": g.first.current.location,
+                            "previous": g.first.previous.location} for g in self.groups]
         if self.diff:
             d["diff"] = self.diff
         if self.example is not None:
@@ -121,7 +128,8 @@ def analyse(sc: Scenario, cfg: dict, *, seed: int = 0, only=None, progress=None)
             raise InternalError(f"with {s.id} dropped: " + res.internal_errors[0].splitlines()[0])
         new = [f for f in res.findings if (f.rule, f.tensor) not in before and f.rule != "DIFF"]
         s.exposes = sorted({(f.rule, f.tensor) for f in new})
-        s.example = new[0] if new else None
+        s.groups = group_findings(new)
+        s.example = s.groups[0].first if new else None
         s.diff = "" if res.diff_ok else res.diff_detail
         s.verdict = NECESSARY if (s.exposes or s.diff) else SILENT
         s.seconds = res.seconds
@@ -159,9 +167,11 @@ def to_sarif(report: MutationReport, regressions=()) -> dict:
         else:
             rule, level, text = "RCM002", "warning", (f"{s.id} is silent: dropping it exposes "
                                                       "nothing (redundant here, or a blind spot)")
-        results.append({"ruleId": rule, "level": level, "message": {"text": text},
-                        "locations": loc,
-                        "partialFingerprints": {"racecheckSite": s.id}})
+        res = {"ruleId": rule, "level": level, "message": {"text": text}, "locations": loc,
+               "partialFingerprints": {"racecheckSite": s.id}}
+        if s.groups:
+            res["properties"] = {"groups": [g.id for g in s.groups]}
+        results.append(res)
     for site_id, what in regressed.items():
         results.append({"ruleId": "RCM003", "level": "error",
                         "message": {"text": f"{site_id}: {what}"},

@@ -10,7 +10,12 @@ or any frame of either stack; a relative glob also matches below any folder
 (`eagle_v2.py:*` matches `racecheck/scenarios/eagle_v2.py:412`).
 
 Baseline file (machine-written by `racecheck baseline`): the fingerprints of findings accepted as
-they are today, so only findings added later fail the gate.
+they are today, with their root-cause group ids, so only findings added later fail the gate.
+
+Both match root-cause groups (`racecheck.findings.group_findings`: the findings one
+synchronization fixes): an entry that matches one finding of a group takes the whole group, so a
+temporary that joins an accepted missing synchronization in a later run is accepted with it, and
+a finding with no group peers is matched on its own, as before groups existed.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
 from .errors import EXIT_CLEAN, EXIT_FINDINGS, UsageError
+from .findings import group_findings
 
 BASELINE_FORMAT = "racecheck-baseline"
 BASELINE_VERSION = 1
@@ -97,7 +103,8 @@ def baseline_document(findings) -> dict:
     entries = {}
     for f in findings:
         cur, prev = f.current.location, f.previous.location
-        entries[f.fingerprint()] = {"fingerprint": f.fingerprint(), "rule": f.rule, "tensor": f.tensor,
+        entries[f.fingerprint()] = {"fingerprint": f.fingerprint(), "group": f.group_id(),
+                                    "rule": f.rule, "tensor": f.tensor,
                                     "current": cur, "previous": prev}
     return {"format": BASELINE_FORMAT, "version": BASELINE_VERSION,
             "fingerprints": [entries[k] for k in sorted(entries)]}
@@ -117,6 +124,9 @@ def parse_baseline(doc, source: str = "baseline") -> set[str]:
         if not isinstance(fp, str) or not fp:
             raise UsageError(f"{source}: entry {i} has no fingerprint")
         out.add(fp)
+        group = e.get("group") if isinstance(e, dict) else None
+        if isinstance(group, str) and group:
+            out.add(group)
     return out
 
 
@@ -171,21 +181,26 @@ def filter_findings(findings, suppressions=None, baseline=None) -> GateResult:
     """Split findings into (kept, suppressed, baselined, stale suppressions).
 
     `suppressions`: a path or Suppression list; `baseline`: a path, a baseline document or a set of
-    fingerprints. A suppression wins over the baseline; only `kept` should fail a gate.
+    fingerprints (and group ids). A suppression wins over the baseline; both take whole groups;
+    only `kept` should fail a gate.
     """
     sups = _as_suppressions(suppressions)
     base = _as_baseline(baseline)
     used = set()
     res = GateResult()
-    for f in findings:
-        hit = next((i for i, s in enumerate(sups) if s.matches(f)), None)
-        if hit is not None:
-            used.add(hit)
-            res.suppressed.append(f)
-        elif f.fingerprint() in base:
-            res.baselined.append(f)
+    findings = list(findings)
+    verdict = {}            # group id -> "suppressed" | "baselined" | "kept"
+    for g in group_findings(findings):
+        hits = {i for f in g.findings for i, s in enumerate(sups) if s.matches(f)}
+        used |= hits
+        if hits:
+            verdict[g.id] = "suppressed"
+        elif g.id in base or any(f.fingerprint() in base for f in g.findings):
+            verdict[g.id] = "baselined"
         else:
-            res.kept.append(f)
+            verdict[g.id] = "kept"
+    for f in findings:
+        getattr(res, verdict[f.group_id()]).append(f)
     res.stale = [s for i, s in enumerate(sups) if i not in used]
     return res
 

@@ -1,4 +1,5 @@
-"""Self-contained HTML report: a summary table, then per finding an inline-SVG stream timeline.
+"""Self-contained HTML report: a summary table, then per finding an inline-SVG stream timeline,
+the findings of one root-cause group side by side (each carries its group id).
 
 One file, no external assets (it is uploaded as a CI artifact and opened offline). In each picture
 every stream is a lane, ops are boxes in issue order, record->wait edges are grey arrows, the two
@@ -9,7 +10,7 @@ from __future__ import annotations
 import datetime as _dt
 from html import escape
 
-from racecheck.findings import Finding
+from racecheck.findings import Finding, group_findings
 
 from ._common import case_name, rule_name
 from .json_report import tool_info
@@ -199,10 +200,12 @@ def finding_section(f: Finding, i: int) -> str:
     notes = "".join(f'<p class="note"><b>{k}:</b> {escape(v)}</p>'
                     for k, v in (("detail", f.detail), ("approx", f.approx)) if v)
     return (
-        f'<section class="finding" id="finding-{i}" data-rule="{escape(f.rule)}" data-fingerprint="{f.fingerprint()}">'
+        f'<section class="finding" id="finding-{i}" data-rule="{escape(f.rule)}" '
+        f'data-fingerprint="{f.fingerprint()}" data-group="{f.group_id()}">'
         f'<h2>#{i} <span class="rule">{escape(f.rule)}</span> {escape(rule_name(f.rule))} on '
         f"<code>{escape(f.tensor)}</code></h2>"
-        f'<div class="muted">{escape(f.title)} · fingerprint <code>{f.fingerprint()}</code></div>'
+        f'<div class="muted">{escape(f.title)} · fingerprint <code>{f.fingerprint()}</code>'
+        f' · group <code>{f.group_id()}</code></div>'
         f'<div class="timeline">{timeline_svg(f, str(i))}</div>'
         f"{_access_rows(f)}{notes}"
         f'<div class="fix"><b>Fix:</b> {escape(f.suggestion)}</div>'
@@ -216,14 +219,15 @@ def summary_table(findings) -> str:
         f'<tr data-target="finding-{i}"><td><a href="#finding-{i}">#{i}</a></td><td class="rule">{escape(f.rule)}</td>'
         f"<td><code>{escape(f.tensor)}</code></td><td>{escape(f.current.stream)} ← {escape(f.previous.stream)}</td>"
         f"<td><code>{escape(f.current.location or '?')}</code></td><td><code>{escape(f.previous.location or '?')}</code></td>"
-        f"<td><code>{f.fingerprint()}</code></td></tr>"
+        f"<td><code>{f.fingerprint()}</code></td><td><code>{f.group_id()}</code></td></tr>"
         for i, f in enumerate(findings, 1))
     return ('<table class="summary"><tr><th>#</th><th>rule</th><th>tensor</th><th>streams (current ← previous)</th>'
-            "<th>current</th><th>previous</th><th>fingerprint</th></tr>" + rows + "</table>")
+            "<th>current</th><th>previous</th><th>fingerprint</th><th>group</th></tr>" + rows + "</table>")
 
 
 def render(findings, meta: dict | None = None) -> str:
-    findings = list(findings)
+    groups = group_findings(findings)
+    findings = [f for g in groups for f in g.findings]      # a group's findings side by side
     meta = dict(meta or {})
     title = meta.get("title") or (f"racecheck: {case_name(meta)}" if meta.get("scenario") else "racecheck report")
     n = len(findings)
@@ -232,7 +236,8 @@ def render(findings, meta: dict | None = None) -> str:
         v = meta.get(key)
         if v:
             counts.append(f"{v if isinstance(v, int) else len(v)} {key}")
-    status_cls, status = ("dirty", f"{n} finding{'s' if n != 1 else ''}") if n else ("clean", "no races found")
+    races = f"{len(groups)} race{'s' if len(groups) != 1 else ''}, {n} finding{'s' if n != 1 else ''}"
+    status_cls, status = ("dirty", races) if n else ("clean", "no races found")
     if counts:
         status += f" ({', '.join(counts)})"
     info = tool_info()

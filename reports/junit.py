@@ -1,4 +1,5 @@
-"""JUnit XML: one testcase per scenario/variant (or pytest test); failures carry the finding text.
+"""JUnit XML: one testcase per scenario/variant (or pytest test); failures carry the finding text,
+one block per root-cause group, and each finding's group id.
 
 Which findings belong to which case comes from `meta["cases"]`, a list of
 `{"name", "classname"?, "file"?, "time"?, "fingerprints": [...], "skipped"?: reason, "error"?: text}`;
@@ -8,6 +9,8 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
+
+from racecheck.findings import group_findings
 
 from ._common import case_name
 from .console import plain_text
@@ -55,12 +58,14 @@ def to_xml(findings, meta: dict | None = None) -> ET.Element:
         fs = c["findings"]
         if fs:
             totals["failures"] += 1
-            head = f"{len(fs)} race finding{'s' if len(fs) != 1 else ''}: " + ", ".join(
-                f"{f.rule} {f.tensor}" for f in fs)
+            groups = group_findings(fs)
+            head = (f"{len(groups)} race{'s' if len(groups) != 1 else ''}, {len(fs)} finding"
+                    f"{'s' if len(fs) != 1 else ''}: " + ", ".join(f"{f.rule} {f.tensor}" for f in fs))
             fail = ET.SubElement(tc, "failure", message=_clean(head), type=fs[0].rule)
             fail.text = _clean(plain_text(fs))
             out = ET.SubElement(tc, "system-out")
-            out.text = _clean("\n".join(f"{f.rule} {f.tensor} fingerprint={f.fingerprint()}" for f in fs)
+            out.text = _clean("\n".join(f"{f.rule} {f.tensor} fingerprint={f.fingerprint()} "
+                                        f"group={g.id}" for g in groups for f in g.findings)
                               + (f"\nrepro: {meta['repro']}" if meta.get("repro") else ""))
         elif c.get("error"):
             totals["errors"] += 1

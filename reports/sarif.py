@@ -1,4 +1,12 @@
-"""SARIF 2.1.0 for GitHub code scanning.
+"""SARIF 2.1.0 for GitHub code scanning: one result per root-cause group.
+
+GitHub code scanning keeps one alert per rule and partial fingerprint, and matches a new upload's
+results to open alerts by that fingerprint. A result per finding would open one alert per tensor
+for a single missing synchronization (eleven alerts, one fix), and a new temporary joining it
+would open another; so a result is a group (`racecheck.findings.group_findings`): anchored at the
+first finding's current access, every other site it covers among `relatedLocations`, the tensors
+and member fingerprints in its properties, and the group id as its partial fingerprint, which
+does not change as tensors join or leave the group.
 
 GitHub ignores `result.suppressions`, so suppressed and baselined findings are left out of the
 upload by the caller (the gate filters first); `to_sarif(..., suppressed=...)` can still emit them,
@@ -10,14 +18,14 @@ import functools
 import json
 
 from racecheck import rules
-from racecheck.findings import Access, Finding
+from racecheck.findings import Access, Finding, FindingGroup, group_findings
 from racecheck.rules import RULES
 
 from ._common import relative_uri, rule_name, split_frame, split_location
 from .json_report import tool_info
 
 SCHEMA_URI = "https://json.schemastore.org/sarif-2.1.0.json"
-FINGERPRINT_KEY = "racecheck/v1"
+FINGERPRINT_KEY = "racecheck/group/v1"
 MAX_FLOW_FRAMES = 20
 
 
@@ -88,11 +96,18 @@ def _thread_flow(a: Access, root) -> dict | None:
     return {"id": a.stream, "message": {"text": f"stream {a.stream}"}, "locations": locs}
 
 
-def result(f: Finding, rule_index: dict, root=None, meta: dict | None = None, state: str | None = None) -> dict:
+def result(g, rule_index: dict, root=None, meta: dict | None = None, state: str | None = None) -> dict:
+    """The result of a group (or of one Finding, as a group of one)."""
+    if isinstance(g, Finding):
+        g = FindingGroup(g.group_id(), [g])
+    f = g.first
     meta = meta or {}
     cur, prev = f.current, f.previous
     pair = f"between {cur.stream} and {prev.stream}" if cur.stream != prev.stream else f"on {cur.stream}"
-    text = (f"{f.rule} {rule_name(f.rule)} race on `{f.tensor}` {pair}. "
+    tensors = g.tensors
+    on = f"`{f.tensor}`" if len(tensors) == 1 else \
+        f"{len(tensors)} tensors (" + ", ".join(f"`{t}`" for t in tensors) + ")"
+    text = (f"{f.rule} {rule_name(f.rule)} race on {on} {pair}. "
             f"The {cur.kind} by {cur.op} on {cur.stream} is unordered with the {prev.kind} by {prev.op} "
             f"on {prev.stream}{' at ' + prev.location if prev.location else ''}. Fix: {f.suggestion}")
     res = {
@@ -100,24 +115,35 @@ def result(f: Finding, rule_index: dict, root=None, meta: dict | None = None, st
         "ruleIndex": rule_index[f.rule],
         "level": "error",
         "message": {"text": text},
-        "partialFingerprints": {FINGERPRINT_KEY: f.fingerprint()},
+        "partialFingerprints": {FINGERPRINT_KEY: g.id},
         "properties": {
             "tensor": f.tensor,
+            "tensors": tensors,
+            "group": g.id,
+            "rules": g.rules,
+            "fingerprints": [x.fingerprint() for x in g.findings],
             "streams": list(f.streams),
             "suggestion": f.suggestion,
             "signature": list(f.signature),
         },
     }
     primary = _location(cur, root, f"{cur.kind} by {cur.op} on {cur.stream}")
-    related = _location(prev, root, f"previous {prev.kind} by {prev.op} on {prev.stream}", id_=1)
-    if primary is None:  # the current side has no source: anchor the alert at the previous one
-        primary, related = related, None
-        if primary is not None:
-            primary.pop("id", None)
+    related = [_location(prev, root, f"previous {prev.kind} by {prev.op} on {prev.stream}", id_=1)]
+    seen = {cur.location, prev.location}
+    for x in g.findings[1:]:
+        for label, a in (("", x.current), ("previous ", x.previous)):
+            if a.location and a.location not in seen:
+                seen.add(a.location)
+                related.append(_location(a, root, f"{label}{a.kind} by {a.op} on {a.stream} "
+                                                  f"(`{x.tensor}`)", id_=len(related) + 1))
+    related = [r for r in related if r is not None]
+    if primary is None and related:  # the current side has no source: anchor at the previous one
+        primary = related.pop(0)
+        primary.pop("id", None)
     if primary is not None:
         res["locations"] = [primary]
-    if related is not None:
-        res["relatedLocations"] = [related]
+    if related:
+        res["relatedLocations"] = related
     flows = [t for t in (_thread_flow(cur, root), _thread_flow(prev, root)) if t]
     if flows:
         res["codeFlows"] = [{"message": {"text": f"the racing pair on `{f.tensor}`"}, "threadFlows": flows}]
@@ -144,9 +170,9 @@ def to_sarif(findings, meta: dict | None = None, *, suppressed=(), baselined=(),
     ids += sorted({f.rule for f in [*findings, *suppressed, *baselined]} - set(ids))
     rule_index = {r: i for i, r in enumerate(ids)}
     info = tool_info()
-    results = [result(f, rule_index, root, meta) for f in findings]
-    results += [result(f, rule_index, root, meta, "suppressed") for f in suppressed]
-    results += [result(f, rule_index, root, meta, "baselined") for f in baselined]
+    results = [result(g, rule_index, root, meta) for g in group_findings(findings)]
+    results += [result(g, rule_index, root, meta, "suppressed") for g in group_findings(suppressed)]
+    results += [result(g, rule_index, root, meta, "baselined") for g in group_findings(baselined)]
     run = {
         "tool": {"driver": {
             "name": "racecheck",

@@ -89,12 +89,15 @@ def test_baseline_roundtrip_then_new_race_fails(findings, tmp_path, capsys):
     base = tmp_path / "racecheck-baseline.json"
     code, out, _ = run_cli(["baseline", FINDINGS, "-o", base], capsys)
     assert code == 0 and "wrote 3 fingerprints" in out
-    assert load_baseline(base) == {f.fingerprint() for f in findings}
+    assert load_baseline(base) == {f.fingerprint() for f in findings} | {f.group_id() for f in findings}
 
     code, out, _ = run_cli(["report", FINDINGS, "--baseline", base], capsys)
     assert code == 0 and "no races found" in out and "3 baselined" in out
 
-    new = replace(findings[0], tensor="mm_input_embeds")   # a new race on top
+    # a new race on top: another missing synchronization (the same one on a new tensor joins
+    # the accepted group, test_baseline_takes_a_group)
+    new = replace(findings[0], tensor="mm_input_embeds",
+                  current=replace(findings[0].current, location="eagle_v2.py:999", function="mix"))
     doc = json.loads(FINDINGS.read_text())
     doc["findings"].append(new.to_json())
     more = tmp_path / "more.json"
@@ -167,3 +170,25 @@ def test_racecheck_report_subprocess(tmp_path):
                         "-o", str(tmp_path / "j.xml")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 1, r.stderr
     assert (tmp_path / "j.xml").read_text().count("<testcase") == 1
+
+
+def test_baseline_takes_a_group(findings, tmp_path):
+    """A baseline accepts root causes: a tensor that joins an accepted missing synchronization is
+    baselined with it; a finding with no group peers is matched on its own fingerprint."""
+    doc = baseline_document(findings[:1])
+    joined = replace(findings[0], tensor="mm_input_embeds")
+    assert joined.group_id() == findings[0].group_id()
+    res = filter_findings([*findings, joined], baseline=doc)
+    assert res.baselined == [findings[0], joined] and res.kept == findings[1:]
+    old_style = {f.fingerprint() for f in findings[1:]}      # a baseline from before groups
+    res = filter_findings(findings, baseline=old_style)
+    assert res.kept == findings[:1] and res.baselined == findings[1:]
+
+
+def test_suppression_takes_a_group(findings):
+    """A suppression that matches one finding of a group suppresses the group (one fix), and
+    nothing of another group."""
+    joined = replace(findings[0], tensor="mm_input_embeds")
+    sups = parse_suppressions(f"{findings[0].rule} {findings[0].tensor}  # accepted upstream\n")
+    res = filter_findings([*findings, joined], suppressions=sups)
+    assert res.suppressed == [findings[0], joined] and res.kept == findings[1:] and not res.stale

@@ -176,8 +176,8 @@ def test_sarif_valid_against_official_schema(findings):
         assert r["shortDescription"]["text"] and r["fullDescription"]["text"] and r["help"]["text"]
         assert len(r["fullDescription"]["text"]) <= 1024
     res = run["results"]
-    assert len(res) == len(findings)
-    r0 = res[0]
+    assert len(res) == len(findings)           # three root causes, one finding each
+    [r0] = [r for r in res if r["properties"]["tensor"] == "mrope_positions"]
     assert r0["ruleId"] == "RC001" and rules[r0["ruleIndex"]]["id"] == "RC001"
     assert "mrope_positions" in r0["message"]["text"]
     loc = r0["locations"][0]["physicalLocation"]
@@ -185,7 +185,8 @@ def test_sarif_valid_against_official_schema(findings):
     assert loc["region"]["startLine"] == 412
     rel = r0["relatedLocations"][0]["physicalLocation"]
     assert rel["region"]["startLine"] == 298
-    assert r0["partialFingerprints"]["racecheck/v1"] == findings[0].fingerprint()
+    assert r0["partialFingerprints"]["racecheck/group/v1"] == findings[0].group_id()
+    assert r0["properties"]["fingerprints"] == [findings[0].fingerprint()]
     assert len(r0["codeFlows"][0]["threadFlows"]) == 2
     assert run["automationDetails"]["id"] == "racecheck-sim/"
     assert "stale suppression" in run["invocations"][0]["toolExecutionNotifications"][0]["message"]["text"]
@@ -194,8 +195,8 @@ def test_sarif_valid_against_official_schema(findings):
 def test_sarif_fingerprints_stable(findings):
     a = json.loads(render("sarif", findings))
     b = json.loads(render("sarif", list(reversed(findings))))
-    fa = sorted(r["partialFingerprints"]["racecheck/v1"] for r in a["runs"][0]["results"])
-    fb = sorted(r["partialFingerprints"]["racecheck/v1"] for r in b["runs"][0]["results"])
+    fa = sorted(r["partialFingerprints"]["racecheck/group/v1"] for r in a["runs"][0]["results"])
+    fb = sorted(r["partialFingerprints"]["racecheck/group/v1"] for r in b["runs"][0]["results"])
     assert fa == fb and len(set(fa)) == len(findings)
 
 

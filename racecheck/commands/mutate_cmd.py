@@ -52,7 +52,9 @@ def main(args) -> int:
 
     if args.list:
         res = scenarios.run(sc, cfg, device="sim", seed=args.seed)
-        table = Table("site", "kind", "where", "calls", title=f"synchronization sites of {sc.name}")
+        table = Table(title=f"synchronization sites of {sc.name}")
+        for name in ("site", "kind", "where", "calls"):
+            table.add_column(name, overflow="fold")
         for s in res.sync_sites:
             table.add_row(s.id, s.kind, s.location, str(s.calls))
         console.print(table)
@@ -75,13 +77,12 @@ def main(args) -> int:
 
         report = mutate.analyse(sc, cfg, seed=args.seed, only=only, progress=_Progress())
 
-    table = Table("site", "kind", "where", "verdict", "exposes",
-                  title=f"sync mutation analysis: {sc.name}"
+    table = Table(title=f"sync mutation analysis: {sc.name}"
                         + (f" (sglang {report.engine_version})" if report.engine_version else ""))
+    for name in ("site", "kind", "where", "verdict", "exposes"):
+        table.add_column(name, overflow="fold", min_width=len(name))
     for s in report.sites:
-        exposes = ", ".join(f"{r} {t}" for r, t in s.exposes[:3])
-        if len(s.exposes) > 3:
-            exposes += f" (+{len(s.exposes) - 3})"
+        exposes = _exposes(s)
         if s.diff and not exposes:
             exposes = "outputs change"
         table.add_row(s.id, s.kind, s.location, s.verdict, exposes,
@@ -107,3 +108,14 @@ def main(args) -> int:
         write_atomic(args.sarif, json.dumps(mutate.to_sarif(report, regressions), indent=1) + "\n")
     return 1 if (regressions or report.baseline_findings) else 0
 
+
+
+def _exposes(site, shown: int = 2) -> str:
+    """What dropping a site exposes, one entry per root cause: `RC001 x (+10) [group]`."""
+    parts = []
+    for g in site.groups[:shown]:
+        more = f" (+{len(g.tensors) - 1})" if len(g.tensors) > 1 else ""
+        parts.append(f"{'+'.join(g.rules)} {g.tensors[0]}{more} [{g.id[:8]}]")
+    if len(site.groups) > shown:
+        parts.append(f"+{len(site.groups) - shown} more races")
+    return ", ".join(parts)
