@@ -663,6 +663,38 @@ def check_busy_kernel_without_sleep(ctx):
     assert [op for _n, _k, op, _us in rc.before_launch.plan.applied] == ["mul"]
 
 
+def _fill_on_side(dm, s, dev, n):
+    with dm.stream(s):
+        positions = torch.zeros(n, device=dev)
+        positions.add_(1)
+    return positions
+
+
+def _use_on_default(t):
+    return t * 2
+
+
+@check()
+def check_temporaries_named_from_their_statement(ctx):
+    """A temporary nobody holds when its finding is read is named by the statement that made it,
+    the same with the per-op C path on or off, and the same in every iteration (whatever its
+    size): one finding per rule."""
+    from racecheck import native
+    seen = []
+    for on in (True, False):
+        with native.using(on), ctx.session() as rc:
+            dm = ctx.dm(rc)
+            s = dm.Stream()
+            dm.synchronize()
+            for n in (8, 16, 24):
+                _use_on_default(_fill_on_side(dm, s, ctx.dev(), n))
+            dm.synchronize()
+        seen.append(sorted((f.rule, f.tensor) for f in rc.findings))
+    assert seen[0] == seen[1], seen
+    assert {t for _r, t in seen[0]} == {"_fill_on_side: positions"}, seen
+    assert [r for r, _t in seen[0]].count("RC001") == 1, seen
+
+
 # -- the child process ------------------------------------------------------------------------------
 
 def worker(selected) -> dict:

@@ -271,9 +271,7 @@ def _tour(args, budget) -> int:
     finds and how to replay each find."""
     import time
 
-    from rich import box
     from rich.console import Console
-    from rich.table import Table
 
     from racecheck import scenarios
     from racecheck.fuzz import Fuzzer, FuzzTarget, open_database
@@ -334,14 +332,7 @@ def _tour(args, budget) -> int:
             missed.append(v.name)
         rows.append((v.name, found, ok, when))
 
-    table = Table(title=f"{sc.name}: what racecheck finds", title_justify="left", box=box.SIMPLE_HEAD)
-    table.add_column("pipeline", style="bold", no_wrap=True)
-    table.add_column("found", no_wrap=True)
-    table.add_column("ok?")
-    table.add_column("after", no_wrap=True)
-    for row in rows:
-        table.add_row(*row)
-    Console(highlight=False).print(table)
+    Console(highlight=False).print(tour_table(sc.name, rows))
     if repros:
         out.print("replay a shrunk failure deterministically (exit 1 while it reproduces):", markup=False)
         for name, cmd in repros:
@@ -358,3 +349,18 @@ def _tour(args, budget) -> int:
 
 def _n(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def tour_table(name: str, rows):
+    """The tour's table: (pipeline, found, ok?, after) rows; every cell folds, so it reads in 80
+    columns."""
+    from rich import box
+    from rich.table import Table
+    table = Table(title=f"{name}: what racecheck finds", title_justify="left", box=box.SIMPLE_HEAD)
+    table.add_column("pipeline", style="bold", overflow="fold")
+    table.add_column("found", overflow="fold")
+    table.add_column("ok?", min_width=3, overflow="fold")
+    table.add_column("after", overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    return table

@@ -32,6 +32,7 @@ def main(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
+    from rich.text import Text
 
     from racecheck import mutate, scenarios
     from racecheck.errors import UsageError
@@ -53,10 +54,12 @@ def main(args) -> int:
     if args.list:
         res = scenarios.run(sc, cfg, device="sim", seed=args.seed)
         table = Table(title=f"synchronization sites of {sc.name}")
-        for name in ("site", "kind", "where", "calls"):
-            table.add_column(name, overflow="fold")
+        table.add_column("site (kind, where)", overflow="fold")
+        table.add_column("calls", justify="right", no_wrap=True)
         for s in res.sync_sites:
-            table.add_row(s.id, s.kind, s.location, str(s.calls))
+            site = Text(s.id)
+            site.append(f"\n{s.kind} at {s.location}", style="dim")
+            table.add_row(site, str(s.calls))
         console.print(table)
         return 0
 
@@ -79,13 +82,16 @@ def main(args) -> int:
 
     table = Table(title=f"sync mutation analysis: {sc.name}"
                         + (f" (sglang {report.engine_version})" if report.engine_version else ""))
-    for name in ("site", "kind", "where", "verdict", "exposes"):
-        table.add_column(name, overflow="fold", min_width=len(name))
+    table.add_column("site (kind, where)", overflow="fold", ratio=3)
+    table.add_column("verdict", no_wrap=True, min_width=9)
+    table.add_column("exposes", overflow="fold", ratio=2)
     for s in report.sites:
         exposes = _exposes(s)
         if s.diff and not exposes:
             exposes = "outputs change"
-        table.add_row(s.id, s.kind, s.location, s.verdict, exposes,
+        site = Text(s.id)
+        site.append(f"\n{s.kind} at {s.location}", style="dim")
+        table.add_row(site, s.verdict, Text(exposes),
                       style="bold" if s.verdict == mutate.NECESSARY else "dim")
     console.print(table)
     console.print(f"{len(report.necessary())} necessary, "
@@ -111,11 +117,12 @@ def main(args) -> int:
 
 
 def _exposes(site, shown: int = 2) -> str:
-    """What dropping a site exposes, one entry per root cause: `RC001 x (+10) [group]`."""
+    """What dropping a site exposes, one entry per root cause: `RC001 x (+10)` (the JSON and
+    SARIF outputs carry the group ids)."""
     parts = []
     for g in site.groups[:shown]:
         more = f" (+{len(g.tensors) - 1})" if len(g.tensors) > 1 else ""
-        parts.append(f"{'+'.join(g.rules)} {g.tensors[0]}{more} [{g.id[:8]}]")
+        parts.append(f"{'+'.join(g.rules)} {g.tensors[0]}{more}")
     if len(site.groups) > shown:
         parts.append(f"+{len(site.groups) - shown} more races")
     return ", ".join(parts)
