@@ -268,14 +268,16 @@ class Interceptor(TorchDispatchMode):
         sfp = self.fp(src)
         src_host = sfp.host if sfp is not None else reg.lookup(src)[1]
         stack = stacks.capture()
+        thread = s.thread_tid()
+        if dst_host and src_host:
+            # host memory to host memory is host work, also while a graph is being captured:
+            # it runs once, now, and is no node of the graph
+            s.emit(HostAccess(thread, (sfp,) if sfp else (), (dfp,) if dfp else (), "copy_", stack))
+            return self.backend.execute_plain(func, args, kwargs)
         capture = b.tls.capture
         if capture is not None:
             capture.add(CapturedOp((sfp,) if sfp else (), (dfp,) if dfp else (), "copy_", stack),
                         func, args, kwargs, dst)
-            return self.backend.execute_plain(func, args, kwargs)
-        thread = s.thread_tid()
-        if dst_host and src_host:
-            s.emit(HostAccess(thread, (sfp,) if sfp else (), (dfp,) if dfp else (), "copy_", stack))
             return self.backend.execute_plain(func, args, kwargs)
         stream = (self._op_stream((src, dst), None) if self._op_stream is not None
                   else self.backend.current_stream_tid())

@@ -223,3 +223,38 @@ def test_a_one_rank_nccl_world_is_made_on_gloo(tmp_path):
         finally:
             dist.destroy_process_group()
     assert dist.init_process_group is init
+
+
+def test_a_host_copy_during_capture_runs_once_and_is_no_graph_node():
+    """sglang fills its host-side graph inputs (seq_lens_cpu) with copy_ between CPU tensors
+    while a graph is captured; on a GPU that copy runs on the host at capture time, so the
+    host's later writes of the buffer race with no replay."""
+    with racecheck.session(device="sim", route_cuda=True) as rc:
+        host_src = torch.arange(4)
+        host_dst = torch.zeros(4, dtype=torch.int64)
+        x = torch.zeros(4, device="cuda")
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            host_dst.copy_(host_src)
+            x.add_(1)
+        for _ in range(3):
+            host_dst.copy_(host_src + 1)     # between replays, no synchronize
+            g.replay()
+        torch.cuda.synchronize()
+    assert rc.findings == [], [f.message() for f in rc.findings]
+    assert torch.equal(host_dst, torch.arange(4) + 1)
+
+
+def test_a_device_to_host_copy_during_capture_is_still_a_graph_node():
+    with racecheck.session(device="sim", route_cuda=True) as rc:
+        host = torch.zeros(4)
+        x = torch.ones(4, device="cuda")
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            host.copy_(x, non_blocking=True)
+        g.replay()
+        host.add_(1)                          # the replay's copy may still be writing it
+        torch.cuda.synchronize()
+    assert [f.rule for f in rc.findings] == ["RC004"], [f.message() for f in rc.findings]
