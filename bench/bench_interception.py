@@ -162,7 +162,7 @@ def main(argv=None) -> int:
     table = Table(title="sim: µs per op (median), added over plain, and ratio to the do-nothing mode's cost")
     for col in ("workload", "stack depth", "plain", "noop-mode +", "racecheck +", "Python path +",
                 "routed +", "csan +", "racecheck / noop", "csan / racecheck"):
-        table.add_column(col, justify="right")
+        table.add_column(col, justify="right", overflow="fold")
     out = []
     for (wname, depth), r in results.items():
         plain = r["plain"]
