@@ -226,6 +226,10 @@ def _run_workers(args, target, budget, found, out, err):
 
 def _summary(args, target, found, examples, elapsed, out, kinds=None):
     from racecheck.fuzz import load_record, reproduce_command
+    unmatched = target.unmatched_drops()
+    if unmatched:
+        from racecheck.scenarios.registry import unexecuted_drops
+        raise unexecuted_drops(unmatched, target.sites_seen)
     findings_by_key = found.pop("__findings__", None)
     keys = [k for k in found if not k.startswith("__")]
     rate = examples / elapsed if elapsed else 0.0
@@ -357,7 +361,7 @@ def tour_table(name: str, rows):
     from rich import box
     from rich.table import Table
     table = Table(title=f"{name}: what racecheck finds", title_justify="left", box=box.SIMPLE_HEAD)
-    table.add_column("pipeline", style="bold", overflow="fold")
+    table.add_column("pipeline", style="bold", no_wrap=True)
     table.add_column("found", overflow="fold")
     table.add_column("ok?", min_width=3, overflow="fold")
     table.add_column("after", overflow="fold")

@@ -25,7 +25,7 @@ def main(args) -> int:
 
     console = Console(highlight=False)
     overview = Table(title="scenarios", title_justify="left", show_lines=False)
-    overview.add_column("scenario", style="bold", overflow="fold")
+    overview.add_column("scenario", style="bold", no_wrap=True)
     overview.add_column("description", overflow="fold")
     overview.add_column("variants", justify="right", overflow="fold")
     for sc in chosen:
@@ -34,7 +34,7 @@ def main(args) -> int:
 
     for sc in chosen:
         knobs = Table(title=f"{sc.name}: knobs (--set KNOB=VALUE)", title_justify="left")
-        knobs.add_column("knob", style="bold", overflow="fold")
+        knobs.add_column("knob", style="bold", no_wrap=True)
         knobs.add_column("default", overflow="fold")
         knobs.add_column("values", style="dim", overflow="fold")
         knobs.add_column("meaning", overflow="fold")
@@ -45,7 +45,7 @@ def main(args) -> int:
         console.print(knobs)
 
         switches = Table(title=f"{sc.name}: fix switches (knobs, on by default)", title_justify="left")
-        switches.add_column("switch", style="bold", overflow="fold")
+        switches.add_column("switch", style="bold", no_wrap=True)
         switches.add_column("default", overflow="fold")
         switches.add_column("upstream", overflow="fold")
         switches.add_column("when off", overflow="fold")
@@ -56,7 +56,7 @@ def main(args) -> int:
         console.print(switches)
 
         variants = Table(title=f"{sc.name}: variants (--variant NAME)", title_justify="left")
-        variants.add_column("variant", style="bold", overflow="fold")
+        variants.add_column("variant", style="bold", no_wrap=True)
         variants.add_column("settings", overflow="fold")
         variants.add_column("expected", overflow="fold")
         variants.add_column("why", overflow="fold")
