@@ -160,6 +160,7 @@ class RunResult:
     stats: dict = field(default_factory=dict)
     sync_sites: list = field(default_factory=list)      # [Site] the run executed (sim)
     unmatched_drops: list = field(default_factory=list)  # drop_sync entries no site matched
+    known: list = field(default_factory=list)   # findings of the scenario's triaged upstream races
 
     @property
     def ok(self) -> bool:
@@ -178,7 +179,7 @@ class RunResult:
                 "outputs": self.outputs, "reference_outputs": self.reference_outputs,
                 "diff_ok": self.diff_ok, "diff_detail": self.diff_detail,
                 "internal_errors": list(self.internal_errors), "seconds": self.seconds,
-                "stats": dict(self.stats)}
+                "stats": dict(self.stats), "known_findings": [f.to_json() for f in self.known]}
 
 
 class Scenario:
@@ -359,8 +360,12 @@ def reference_outputs(sc: Scenario, cfg: dict, seed: int) -> dict:
 
 
 def run(sc: Scenario, cfg: dict, device: str = "sim", seed: int = 0,
-        session_options: dict | None = None) -> RunResult:
-    """Run `cfg` once under racecheck.session(device, **session_options); compare with the reference."""
+        session_options: dict | None = None, keep_known: bool = False) -> RunResult:
+    """Run `cfg` once under racecheck.session(device, **session_options); compare with the reference.
+
+    Findings that match the scenario's triaged upstream races (`Scenario.known_findings`, a
+    suppressions file whose every entry cites docs/FINDINGS.md) are set apart in `known`, so that
+    runs, fuzzing and mutation analysis report what is new; `keep_known` reports them too."""
     import racecheck
 
     check_device(device)
@@ -372,7 +377,9 @@ def run(sc: Scenario, cfg: dict, device: str = "sim", seed: int = 0,
     with racecheck.session(device=device, **options) as rc:
         ctx = RunContext(rc.device_module, torch_device, rc, pin=True, seed=seed)
         outputs = sc.run_once(cfg, ctx)
-    findings = list(rc.findings)
+    findings, known = split_known(sc, list(rc.findings))
+    if keep_known:
+        findings, known = findings + known, []
     seconds = time.perf_counter() - t0
     if device == "sim" and not session_options and _is_own_reference(sc, cfg):
         # sim's eager executor runs device work in host issue order: a run of the reference
@@ -390,7 +397,30 @@ def run(sc: Scenario, cfg: dict, device: str = "sim", seed: int = 0,
     stats = {"events": rc.checker.events_processed}
     return RunResult(sc.name, cfg, device, seed, findings, outputs, ref, diff_ok, detail,
                      list(rc.internal_errors), seconds, stats, rc.sync_sites.sites(),
-                     rc.sync_sites.unmatched_drops())
+                     rc.sync_sites.unmatched_drops(), known)
+
+
+def unexecuted_drops(dropped, executed_ids) -> UsageError:
+    """The usage error for --drop-sync entries that matched no synchronization site a run
+    executed (a typo, a site of another release, or code the configuration never reaches)."""
+    import difflib
+    ids = sorted(set(executed_ids))
+    parts = []
+    for d in dropped:
+        close = difflib.get_close_matches(d, ids, n=3, cutoff=0.6)
+        parts.append(f"{d!r} (closest: {', '.join(close)})" if close else repr(d))
+    return UsageError(f"--drop-sync {'; '.join(parts)}: no synchronization site the run executed "
+                      "matches (`racecheck mutate SCENARIO --list` shows the sites)")
+
+
+def split_known(sc: Scenario, findings: list) -> tuple:
+    """(new findings, findings of the scenario's triaged upstream races)."""
+    path = getattr(sc, "known_findings", None)
+    if not path or not findings:
+        return findings, []
+    from racecheck.suppressions import filter_findings
+    split = filter_findings(findings, suppressions=path)
+    return split.kept, split.suppressed
 
 
 def _is_own_reference(sc: Scenario, cfg: dict) -> bool:

@@ -19,6 +19,9 @@ def add_arguments(p) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE", dest="sets",
                    help="override a knob (repeatable), e.g. --set plan_stream=on")
     p.add_argument("--device", default="sim", choices=DEVICES, help="backend (default: sim)")
+    p.add_argument("--all", action="store_true", dest="keep_known",
+                   help="also report the scenario's triaged upstream races (docs/FINDINGS.md), "
+                        "which are otherwise counted apart")
     p.add_argument("--seed", default=0, type=_seed, help="request contents seed (default: 0)")
     p.add_argument("--drop-sync", action="append", default=[], metavar="SITE", dest="drop_sync",
                    help="drop a synchronization site (repeatable; ids from `racecheck mutate "
@@ -111,18 +114,23 @@ def main(args) -> int:
         executor = options["executor"] = AdversarialExecutor(plan)
         console.print("executor: adversarial, plan " + plan_text(plan), markup=False,
                       soft_wrap=True)
-    res = scenarios.run(sc, cfg, device=args.device, seed=args.seed, session_options=options)
+    res = scenarios.run(sc, cfg, device=args.device, seed=args.seed, session_options=options,
+                        keep_known=getattr(args, "keep_known", False))
     if res.internal_errors:
         raise InternalError(res.internal_errors[0].splitlines()[0])
+    if res.unmatched_drops:
+        from racecheck.scenarios.registry import unexecuted_drops
+        raise unexecuted_drops(res.unmatched_drops, [s.id for s in res.sync_sites])
     faults = list(executor.faults) if executor is not None else []
 
     repro = repro_line(sc.name, args.variant, sets, args.device, args.seed, plan)
     meta = {"scenario": sc.name, "variant": args.variant or "", "device": args.device, "seed": args.seed,
             "config": cfg, "repro": repro, "time": res.seconds}
     code = finish(res.findings, args, meta, console=console)
-    for site in res.unmatched_drops:
-        console.print(f"warning: --drop-sync {site} matched no synchronization site the run executed",
-                      style="yellow", markup=False, soft_wrap=True)
+    if res.known:
+        console.print(f"known upstream races: {len(res.known)} finding(s) of races triaged in "
+                      "docs/FINDINGS.md, not counted (--all reports them)", markup=False,
+                      soft_wrap=True)
     if res.diff_ok:
         console.print(f"differential: outputs equal the serialized run ({res.seconds:.2f}s)", markup=False)
     else:

@@ -91,6 +91,15 @@ class FuzzTarget:
             self.sc.config(self.variant, self.fixed)  # validate up front
             # concrete values ("off" -> False, "1,2" -> [1, 2]): what strategies compare against
             self.fixed = {k: v if v == "auto" else self.sc.knobs[k].parse(v) for k, v in self.fixed.items()}
+        self.drops_matched: set = set()       # --drop-sync entries some example's run executed
+        self.sites_seen: set = set()
+        self.examples_run = 0
+
+    def unmatched_drops(self) -> list:
+        """--drop-sync entries that no example run so far executed (in this process)."""
+        from racecheck.scenarios.registry import drop_sync_sites
+        dropped = drop_sync_sites(self.sc.config(self.variant, self.fixed))
+        return [d for d in dropped if d not in self.drops_matched] if self.examples_run else []
 
     @property
     def key(self) -> bytes:
@@ -131,7 +140,8 @@ class FuzzTarget:
         except Exception as exc:
             crash = _crash_text(exc)
         keys = []
-        findings = list(rc.findings)
+        from racecheck.scenarios.registry import split_known
+        findings = split_known(self.sc, list(rc.findings))[0]
         for f in findings:
             _add(keys, finding_key(f))
         if crash:
@@ -158,6 +168,10 @@ class FuzzTarget:
                                    session_options=opts)
             findings = list(result.findings)
             internal = list(getattr(result, "internal_errors", ()) or ())
+            from racecheck.scenarios.registry import drop_sync_sites
+            self.examples_run += 1
+            self.sites_seen.update(site.id for site in result.sync_sites)
+            self.drops_matched.update(set(drop_sync_sites(cfg)) - set(result.unmatched_drops))
         except UsageError:
             raise
         except Exception as exc:   # the program itself failed under this order

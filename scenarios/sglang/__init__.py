@@ -1,21 +1,15 @@
-"""The `sglang-eagle-v2` scenario: the installed sglang's own EAGLE v2 overlap decode loop.
+"""The sglang scenarios: the installed sglang, started through its own front door.
 
-`eagle-v2` is our model of the pipeline; this scenario runs the engine itself, so a pull request
-that drops a wait in sglang is seen here. What is sglang's and what is ours:
-
-    sglang's (unchanged)   Scheduler.run_batch / _apply_war_barrier / update_running_batch,
-                           ScheduleBatch, FutureMap, EAGLEWorkerV2 and EagleDraftWorker (draft,
-                           verify, draft-extend), ForwardBatch, the decode / draft / draft-extend
-                           graph runners and their buffer registry, the KV pools, the radix cache,
-                           the batch result processor, and the Triton kernels (in Triton's CPU
-                           interpreter on sim)
-    ours (thin, explicit)  the tiny model and attention backend (on sglang's base classes), the
-                           objects whose constructors load weights or join process groups
-                           (assembled with the attributes they would set), the scheduler loop's
-                           body driven by a scripted request schedule, and the platform flavour
+`sglang-eagle-v2` and `sglang-overlap` build sglang the way its server does (`ServerArgs`,
+`PortArgs`, `run_scheduler_process`: the scheduler, TP worker, model runner, pools, radix cache,
+Triton attention backend, EAGLE workers, graph runners and captures) and run sglang's own
+`event_loop_overlap` on a request schedule. What racecheck adds is a tiny model config, the
+request feeder, the platform flavour and, on a CPU, stand-ins for native kernel packages; every
+place it touches sglang is listed in `surface.py` with the releases it holds for. A pull request
+that drops a wait or reorders the loop is seen here, because the loop run is sglang's.
 
 Seeds are variants defined as dropped synchronization sites (`racecheck mutate` finds the rest).
-Needs sglang installed with `pip install --no-deps sglang==0.5.23` and `racecheck[sglang]`.
+Needs sglang installed (`scripts/setup.sh`; `SGLANG=<version or checkout>` for another release).
 """
 from __future__ import annotations
 
@@ -38,7 +32,10 @@ SITE_REQ_POOL_PADDING = ("sglang.srt.model_executor.cuda_graph_buffer_registry:"
 
 SITE_WAR_BARRIER = "sglang.srt.managers.scheduler:Scheduler._apply_war_barrier:wait_stream#0"
 
-DEFAULT_ARRIVALS = "0:3x8;0:1x2;3:2x5;5:1x4"
+# Requests join and finish so that batches cross and shrink inside the graph buckets (3 padded to
+# 4, then 4, 5 past the largest bucket, then down to 1), in few loop iterations: every iteration
+# runs sglang's Triton kernels in the CPU interpreter.
+DEFAULT_ARRIVALS = "0:3x5;0:1x2;2:2x3;3:1x2"
 # A short request ends on a stop token (so it rides one more forward), and a long one that
 # shares a 12-token prefix with an earlier request takes its req_to_token row at once: the
 # forward still reading that row for KV write locations lands in the shared prefix's slots.
@@ -50,38 +47,42 @@ def _arrivals(value):
     return format_arrivals(parse_arrivals(value))
 
 
-KNOBS = [
-    Knob("graphs", True, "bool", "CUDA graphs: decode (target verify), draft and draft-extend "
-         "runners with their buffer registry; padded batches"),
+_SCHEDULE_KNOBS = [
+    Knob("graphs", True, "bool", "CUDA graphs: sglang's decode graph runner (and, with EAGLE, "
+         "its draft and draft-extend runners), captured at start-up; padded batches"),
     Knob("flavour", "cuda", "choice", "platform branches sglang takes: cuda, hip (ROCm: "
          "publish_ready.synchronize(), no WAR barrier), npu (Ascend: mrope recompute, no WAR "
          "barrier)", choices=("cuda", "hip", "npu")),
     Knob("war_barrier", "auto", "choice", "Scheduler._apply_war_barrier (the schedule stream "
-         "waits for the forward after every run_batch): auto is upstream's choice (on for cuda; "
-         "off for hip and npu, SGLANG_ENABLE_WAR_BARRIER unset), on forces it (the env var), "
-         "off makes it a no-op", choices=("auto", "on", "off")),
+         "waits for the forward after every run_batch): auto is upstream's default (on for "
+         "cuda, off for hip and npu); on sets sglang's switch SGLANG_ENABLE_WAR_BARRIER. "
+         "Removing the barrier is the drop-sync variant no-war_barrier, not a setting",
+         choices=("auto", "on")),
     Knob("forward_delay_us", 0, "int", "hold the forward stream this long before each "
          "run_batch (a sleep kernel on a GPU; a hold under sim's adversarial executor): the "
          "schedule stream's next step runs ahead", minimum=0, maximum=1_000_000),
-    Knob("mrope", False, "bool", "an mrope (multimodal rotary) target model: spec mrope positions"),
-    Knob("topk", 1, "int", "EAGLE topk (1: chain drafts; > 1: tree drafts)", minimum=1, maximum=4),
-    Knob("steps", 3, "int", "speculative_num_steps", minimum=1, maximum=6),
-    Knob("draft_tokens", "auto", "int", "speculative_num_draft_tokens (auto: steps + 1 for topk 1, "
-         "else 2 * steps; at least 2: the bonus token and one draft token)", minimum=2),
     Knob("arrivals", DEFAULT_ARRIVALS, "str", "request schedule: step:COUNTxMAX_NEW_TOKENS[+PROMPT_LEN]"
-         " items separated by ';' (requests join at that loop step; batches cross graph buckets)",
-         validator=_arrivals),
+         " items separated by ';' (requests join at that loop iteration; batches cross graph "
+         "buckets)", validator=_arrivals),
     Knob("shared_prefix", True, "bool", "every prompt starts with the same tokens (radix-cache "
          "prefix hits for requests that join later)"),
     Knob("prefix_len", 3, "int", "length of the shared prompt prefix (a shorter prompt is all "
          "prefix)", minimum=1, maximum=16),
     Knob("stop_token", -1, "int", "a token that ends a request when it is generated (-1: none; "
-         "requests then end by length, which the scheduler predicts; a stop token it cannot "
-         "predict, so the finishing request rides one more forward)", minimum=-1),
-    Knob("graph_bs", [1, 2, 4, 8], "int-list", "decode graph batch-size buckets"),
+         "requests then end by length)", minimum=-1),
+    Knob("graph_bs", [1, 2, 4], "int-list", "decode graph batch-size buckets"),
     Knob("max_steps", 80, "int", "scheduler loop iterations at most", minimum=1, maximum=1000),
-    Knob("seed", 0, "int", "prompt tokens", minimum=0),
+    Knob("seed", 0, "int", "prompt tokens and the dummy weights", minimum=0),
 ]
+KNOBS = _SCHEDULE_KNOBS[:4] + [
+    Knob("plan_stream", True, "bool", "SGLANG_ENABLE_OVERLAP_PLAN_STREAM: verify and draft-extend "
+         "metadata prepared on the workers' plan streams (an option sglang ships, off by "
+         "default upstream; the seeds live on it)"),
+    Knob("topk", 1, "int", "EAGLE topk (1: chain drafts; > 1: tree drafts)", minimum=1, maximum=4),
+    Knob("steps", 3, "int", "speculative_num_steps", minimum=1, maximum=6),
+    Knob("draft_tokens", "auto", "int", "speculative_num_draft_tokens (auto: steps + 1 for topk 1, "
+         "else 2 * steps; at least 2: the bonus token and one draft token)", minimum=2),
+] + _SCHEDULE_KNOBS[4:]
 
 
 def _resolve(cfg: dict) -> dict:
@@ -92,15 +93,14 @@ def _resolve(cfg: dict) -> dict:
     if cfg["topk"] > 1 and cfg["draft_tokens"] > cfg["topk"] * cfg["steps"] + 1:
         raise ValueError("draft_tokens must be <= topk * steps + 1")
     if cfg["topk"] > 1 and cfg["draft_tokens"] < cfg["steps"] + 1:
-        # sglang 0.5.23's tree verify (_compact_accept_to_front) fails on a shape below that
-        raise ValueError("tree drafts (topk > 1) need draft_tokens >= steps + 1 in sglang 0.5.23")
-    if cfg["mrope"] and cfg["flavour"] == "hip":
-        raise ValueError("mrope targets are modelled on cuda and npu")
+        raise ValueError("tree drafts (topk > 1) need draft_tokens >= steps + 1")
     if cfg["flavour"] == "npu" and cfg["topk"] > 1:
-        # on the Ascend branches a tree draft's forward reaches the model with out_cache_loc
-        # unset (the KV write gets no locations) with the tiny attention backend; not modelled
         raise ValueError("the npu flavour is modelled with topk 1 (chain drafts)")
     return cfg
+
+
+def _resolve_overlap(cfg: dict) -> dict:
+    return dict(cfg, speculative=False)
 
 
 def _reference(cfg: dict) -> dict:
@@ -120,11 +120,6 @@ VARIANTS = [
             "run_eagle_verify without `plan_stream.wait_stream(fwd_stream)`: verify prep on the "
             "plan stream reads the draft's outputs before the draft finished (the #21940 seed; "
             "needs the graph runner's pre-planned load_batch)",
-            drop_sync=(SITE_VERIFY_PLAN_WAIT,)),
-    Variant("no-verify_plan_wait-mrope", {"graphs": True, "mrope": True},
-            [("RC001", "ForwardBatch.positions"), ("RC003", "graph.mrope_positions")],
-            "the same with an mrope target: the spec mrope positions computed on the plan stream "
-            "also read the draft's positions early (the NPU mrope seed, #23423)",
             drop_sync=(SITE_VERIFY_PLAN_WAIT,)),
     Variant("no-verify_join", {"graphs": True}, [("RC003", "graph.input_ids")],
             "run_eagle_verify without the forward stream's join on the plan stream after verify "
@@ -172,40 +167,50 @@ def _strategy(sc, fixed, explore):
     return overrides(sc, fixed, explore)
 
 
-SCENARIO = Scenario(
-    name="sglang-eagle-v2",
-    description="the installed sglang's EAGLE v2 overlap decode loop (real scheduler, FutureMap, "
-                "workers, graph runners, Triton kernels) with a tiny deterministic model",
-    knobs=KNOBS, switches=[], variants=VARIANTS, runner=_run, resolve=_resolve,
-    reference=_reference,
-    diff_fields={"output_ids": {"producer": "EAGLEWorkerV2.forward_batch_generation",
-                                "consumer": "SchedulerBatchResultProcessor.process_batch_result_decode",
-                                "stream": "forward_stream"},
-                 # the request lifecycle (host-side: equal in every order) and the KV oracles
-                 # (oracles.py): where the target's KV writes landed
-                 "admissions": {"producer": "ScheduleBatch.prepare_for_extend",
-                                "consumer": "the scheduler loop", "stream": "schedule_stream"},
-                 "prefix_overwrites": {"producer": "set_kv_buffer at ForwardBatch.out_cache_loc",
-                                       "consumer": "RadixCache.match_prefix (the admitted "
-                                                   "request's prefix slots)",
-                                       "stream": "forward_stream"},
-                 "radix_kv": {"producer": "set_kv_buffer at ForwardBatch.out_cache_loc",
-                              "consumer": "RadixCache (the cached tokens' target KV)",
-                              "stream": "forward_stream"}},
-    session_options=lambda cfg, device: {"route_cuda": device == "sim"},
-    strategy=_strategy,
-    # flavour and max_steps are "drawn" by never changing them (see strategy.py)
-    drawn_knobs=("arrivals", "steps", "topk", "draft_tokens", "mrope", "shared_prefix", "graph_bs",
-                 "flavour", "max_steps"))
+_DIFF_FIELDS = {"output_ids": {"producer": "the forward (Scheduler.run_batch)",
+                              "consumer": "Scheduler.process_batch_result",
+                              "stream": "forward_stream"}}
 
 
 def _engine_version():
-    from .environment import installed_version
+    from .surface import installed_version
     return installed_version()
 
 
+SCENARIO = Scenario(
+    name="sglang-eagle-v2",
+    description="the installed sglang started through its front door (ServerArgs, "
+                "run_scheduler_process) with EAGLE v2 speculative decoding: its own overlap "
+                "event loop, workers, graph runners and Triton kernels, on a tiny model",
+    knobs=KNOBS, switches=[], variants=VARIANTS, runner=_run, resolve=_resolve,
+    reference=_reference, diff_fields=_DIFF_FIELDS,
+    session_options=lambda cfg, device: {"route_cuda": device == "sim"},
+    strategy=_strategy,
+    # flavour and max_steps are "drawn" by never changing them (see strategy.py)
+    drawn_knobs=("arrivals", "steps", "topk", "draft_tokens", "shared_prefix", "graph_bs",
+                 "flavour", "max_steps"))
+KNOWN_RACES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "known-races.supp")
 SCENARIO.engine_version = _engine_version
+SCENARIO.known_findings = KNOWN_RACES
 SCENARIO.engine_modules = ("sglang.",)     # mutate sglang's sites, not the harness's own
 # the reviewed sync mutation table of the tested sglang release: `racecheck mutate`'s baseline
 SCENARIO.mutate_baseline = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                         "mutate-0.5.23.json")
+
+OVERLAP_SCENARIO = Scenario(
+    name="sglang-overlap",
+    description="the installed sglang started through its front door without speculative "
+                "decoding: the overlap scheduler most sglang servers run (schedule stream "
+                "prepares batch N+1 while the forward stream runs batch N; the WAR barrier)",
+    knobs=_SCHEDULE_KNOBS, switches=[],
+    variants=[Variant("no-war_barrier", {}, [("RC002", "ReqToTokenPool.req_to_token")],
+                      "Scheduler._apply_war_barrier without its wait: the next step's "
+                      "schedule-stream writes of req_to_token are unordered with the forward "
+                      "still reading them", drop_sync=(SITE_WAR_BARRIER,))],
+    runner=_run, resolve=_resolve_overlap, reference=_reference, diff_fields=_DIFF_FIELDS,
+    session_options=lambda cfg, device: {"route_cuda": device == "sim"},
+    strategy=_strategy,
+    drawn_knobs=("arrivals", "shared_prefix", "graph_bs", "flavour", "max_steps"))
+OVERLAP_SCENARIO.engine_version = _engine_version
+OVERLAP_SCENARIO.known_findings = KNOWN_RACES
+OVERLAP_SCENARIO.engine_modules = ("sglang.",)

@@ -1,15 +1,27 @@
-"""One run of the `sglang-eagle-v2` scenario: set sglang up for the run's configuration, drive
-the overlap scheduler through the request schedule, return each request's output tokens."""
+"""One run of an sglang scenario: the process set up as sglang's server sets it up on the chosen
+platform, then the front door (`server.serve`) with the run's request schedule."""
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
+import warnings
 
-from . import environment, platform
-from .model_runner import CONTEXT_LEN, VOCAB
+from . import surface
 from .requests import parse_arrivals, prompts
-from .scheduler import Arrival, OverlapScheduler
+from .server import VOCAB, Arrival, Shape, _patched, serve
 
-KV_SLOTS = 512
+# What sglang reads from the environment, per run (restored afterwards). The plan stream and
+# spec v2 are server options sglang exposes as environment switches.
+_SIM_ENV = {
+    "TRITON_INTERPRET": "1",                            # Triton kernels in the CPU interpreter
+    # the Rust radix tree core checks the real tensor device (the CPU) against the allocator's
+    # routed cuda:0; sglang's Python tree core is the same tree
+    "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND": "python",
+    # fused ops (rms norm, rotary, activation) take their torch implementations, as on a
+    # platform without the CUDA extension
+    "SGLANG_FORCE_FUSED_OP_BACKEND": "torch",
+}
 
 
 def run_pipeline(cfg: dict, ctx) -> dict:
@@ -27,45 +39,138 @@ def run_pipeline(cfg: dict, ctx) -> dict:
         return _run(cfg, rc, gpu=False)
 
 
+def shape_of(cfg: dict) -> Shape:
+    groups = parse_arrivals(cfg["arrivals"])
+    return Shape(speculative=cfg.get("speculative", True), topk=cfg.get("topk", 1),
+                 steps=cfg.get("steps", 3), draft_tokens=cfg.get("draft_tokens", 4),
+                 graphs=cfg["graphs"], graph_bs=list(cfg["graph_bs"]),
+                 max_running=max(max(cfg["graph_bs"]), sum(g.count for g in groups)),
+                 seed=cfg["seed"])
+
+
+def arrivals_of(cfg: dict) -> list:
+    groups = parse_arrivals(cfg["arrivals"])
+    return [Arrival(step, rid, prompt, new) for step, rid, prompt, new in
+            prompts(groups, seed=cfg["seed"], shared_prefix=cfg["shared_prefix"], vocab=VOCAB,
+                    prefix_len=cfg["prefix_len"])]
+
+
 def _run(cfg: dict, rc, *, gpu: bool) -> dict:
     if not gpu and not getattr(rc, "route_cuda", False):
         from racecheck.errors import UsageError
-        raise UsageError("sglang-eagle-v2 runs sglang's CUDA code: on sim it needs torch.cuda "
-                         "routing (the default for this scenario)")
-    engine = environment.load(interpret=not gpu)
-    groups = parse_arrivals(cfg["arrivals"])
-    arrivals = [Arrival(step, rid, prompt, new) for step, rid, prompt, new in
-                prompts(groups, seed=cfg["seed"], shared_prefix=cfg["shared_prefix"], vocab=VOCAB,
-                        prefix_len=cfg["prefix_len"])]
-    max_running = max(cfg["graph_bs"][-1], sum(g.count for g in groups))
-    server_args = environment.configure(
-        engine, topk=cfg["topk"], steps=cfg["steps"], draft_tokens=cfg["draft_tokens"],
-        graphs=cfg["graphs"], graph_bs=cfg["graph_bs"], max_running=max_running,
-        context_len=CONTEXT_LEN)
-    run_cfg = dict(cfg, max_running=max_running, kv_slots=KV_SLOTS, radix_cache=True)
-    import racecheck
+        raise UsageError("the sglang scenarios run sglang's CUDA code: on sim they need "
+                         "torch.cuda routing (their default)")
+    from . import imports, platform
+    imports.install()
+    env = dict(_SIM_ENV) if not gpu else {}
+    if cfg.get("speculative", True):
+        env.update(SGLANG_ENABLE_SPEC_V2="1",
+                   SGLANG_ENABLE_OVERLAP_PLAN_STREAM="1" if cfg.get("plan_stream", True) else "0")
+    war_barrier = platform.WAR_BARRIER[cfg["flavour"]] or cfg.get("war_barrier") == "on"
+    # is_cuda() is False on a CPU: the cuda flavour's barrier comes through sglang's own switch
+    env["SGLANG_ENABLE_WAR_BARRIER"] = "1" if war_barrier else None
     with contextlib.ExitStack() as stack:
-        stack.enter_context(environment.quiet(engine))
-        stack.enter_context(environment.fresh_process(engine))
-        war_barrier = stack.enter_context(platform.flavour(engine, cfg["flavour"]))
-        if cfg["war_barrier"] != "auto":
-            war_barrier = cfg["war_barrier"] == "on"
-        stack.enter_context(environment.single_rank_graph_capture(engine))
-        if rc is not None and rc.device == "sim":
-            stack.enter_context(environment.padding_sites(engine, rc.sync_sites))
-        scheduler = OverlapScheduler(engine, rc, server_args, run_cfg, war_barrier=war_barrier,
-                                     name=racecheck.name, delay=_delay(rc, gpu, cfg))
-        outputs = scheduler.run(arrivals, cfg["max_steps"])
-        oracles = scheduler.kv_oracles()
-    return {"output_ids": {rid: list(ids) for rid, ids in sorted(outputs.items())}, **oracles}
+        stack.enter_context(_environment(env))
+        stack.enter_context(_no_progress_bars())
+        stack.enter_context(warnings.catch_warnings())
+        # Triton's interpreter evaluates masked-off lanes too (inf - inf in attention masks)
+        warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton")
+        _import_quietly()
+        if surface.installed_version() is None and "sglang" not in sys.modules:
+            from racecheck.errors import UsageError
+            raise UsageError("the sglang scenarios need sglang: see docs/SGLANG.md")
+        missing = surface.missing()
+        if missing:
+            raise surface.mismatch(f"no {missing[0]}")
+        stack.enter_context(platform.flavour(cfg["flavour"]))
+        if rc is not None:
+            from .graph_inputs import declared_graph_inputs, padding_sites
+            stack.enter_context(declared_graph_inputs())
+            if rc.device == "sim":
+                stack.enter_context(padding_sites(rc.sync_sites))
+        if cfg.get("forward_delay_us"):
+            stack.enter_context(_forward_delay(_delay(rc, gpu), cfg["forward_delay_us"]))
+
+        def on_start(scheduler):
+            if rc is not None:
+                name_streams(rc, scheduler)
+        outputs, _info = serve(shape_of(cfg), arrivals_of(cfg), max_steps=cfg["max_steps"],
+                               stop_token=cfg["stop_token"], on_start=on_start)
+    return {"output_ids": outputs}
 
 
-def _delay(rc, gpu: bool, cfg: dict):
-    """How the scheduler holds the forward stream back (`forward_delay_us`): through the
-    session (a GPU sleep, or a hold under sim's adversarial executor), or a calibrated sleep
-    kernel on a GPU run without racecheck."""
-    if not cfg["forward_delay_us"]:
-        return None
+def name_streams(rc, scheduler) -> None:
+    """The scheduler's streams under the names sglang gives them (`surface.STREAMS`)."""
+    for label, paths in surface.STREAMS:
+        for path in paths:
+            obj = scheduler
+            for part in path.split("."):
+                obj = getattr(obj, part, None)
+            if obj is not None:
+                rc.name_stream(obj, label)
+                break
+
+
+@contextlib.contextmanager
+def _environment(values: dict):
+    old = {k: os.environ.get(k) for k in values}
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextlib.contextmanager
+def _no_progress_bars():
+    """Graph-capture progress bars (tqdm) write to the terminal a checker's report goes to."""
+    import tqdm.std
+    init = tqdm.std.tqdm.__init__
+
+    def quiet_init(self, *args, **kwargs):
+        kwargs["disable"] = True
+        init(self, *args, **kwargs)
+    with _patched(tqdm.std.tqdm, "__init__", quiet_init):
+        yield
+
+
+def _import_quietly() -> None:
+    """sglang logs GPU probes it cannot make on a CPU while it imports; they are not the run's."""
+    import logging
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            surface.ENTRY.get()
+    finally:
+        logging.disable(previous)
+
+
+@contextlib.contextmanager
+def _forward_delay(delay, us: int):
+    """Hold the forward stream `us` before every batch sglang launches (`forward_delay_us`)."""
+    Scheduler, name = surface.RUN_BATCH.owner_and_name()
+    run_batch = surface.RUN_BATCH.get()
+
+    def delayed_run_batch(scheduler, *args, **kwargs):
+        delay(scheduler.forward_stream, us)
+        return run_batch(scheduler, *args, **kwargs)
+    with _patched(Scheduler, name, delayed_run_batch):
+        yield
+
+
+def _delay(rc, gpu: bool):
+    """Through the session (a GPU sleep, or a hold under sim's adversarial executor), or a
+    calibrated sleep kernel on a GPU run without racecheck."""
     if rc is not None or not gpu:
         import racecheck
         return racecheck.delay

@@ -3,83 +3,108 @@
 sglang decides its platform once, at import (`_is_cuda = is_cuda()` module globals), and at run
 time through `tensor.is_cuda`, `current_platform.capabilities` and the scheduler's WAR-barrier
 switch. On a CPU runner all of them say "not CUDA"; a flavour sets them for one run and restores
-them afterwards. What each flavour changes on the speculative decode path:
+them afterwards. The flags are listed, per module, in `surface.PLATFORM_FLAGS`; a release that
+lacks one of those modules or flags has no such branch, so it is skipped.
 
-cuda  the fused Triton paths (draft cache locations with positions, chain-tree build, verify
-      commit, draft-extend layout), FutureMap's pinned seq_lens mirror on a private stream,
-      `record_stream` of cross-stream tensors, the WAR barrier after every forward.
-hip   the ROCm branches: `publish_ready.synchronize()` instead of a stream wait in
-      `resolve_seq_lens_cpu`, GPU-only lengths resolved inside the forward stream
-      (`stream_ordered=True`), synchronous result copies, and no WAR barrier (its default
-      on ROCm: SGLANG_ENABLE_WAR_BARRIER unset).
-npu   the Ascend branches of the speculative worker: mrope positions recomputed on the forward
-      stream after the plan-stream join, metadata marked ready only for graph replays, graph
-      runners keep their own input buffers (no process-wide sharing), no WAR barrier; Ascend
-      tensors are not `is_cuda`, so the fused Triton paths are not taken.
+cuda  the fused Triton paths, FutureMap's pinned seq_lens mirror on a private stream,
+      `record_stream` of cross-stream tensors, and the WAR barrier after every forward
+      (`is_cuda()` in the scheduler; here through its switch SGLANG_ENABLE_WAR_BARRIER).
+hip   the ROCm branches (`publish_ready.synchronize()` in `resolve_seq_lens_cpu`, lengths
+      resolved inside the forward stream, synchronous result copies) and no WAR barrier.
+npu   the Ascend branches of the speculative worker (mrope recompute after the plan-stream join,
+      metadata ready only for graph replays, graph runners keep their own input buffers), no
+      WAR barrier; Ascend tensors are not `is_cuda`.
 
-Kernels sglang implements only as CUDA C++ (tvm-ffi: tree build, greedy verify) run as the
-Triton versions sglang ships for XPU, on every flavour: same inputs, same outputs.
+Kernels sglang implements only as CUDA C++ (tree build, greedy verify) run as the Triton
+versions sglang ships for XPU, on every flavour: same inputs, same outputs.
 """
 from __future__ import annotations
 
 import contextlib
+import importlib
+import sys
+import types
 
-import torch
-
-from .environment import Engine, patched
+from . import surface
+from .server import _patched
 
 FLAVOURS = ("cuda", "hip", "npu")
-
-# module key -> flag names set True, per flavour (module globals read at call time)
-_FLAGS = {
-    "cuda": {
-        "eagle_worker_v2": ("_is_cuda",), "eagle_utils": ("_is_cuda",),
-        "spec_utils": ("_is_cuda",), "overlap_utils": ("_is_cuda",),
-        "cache_locs": ("_is_cuda",), "allocation": ("_is_cuda",),
-    },
-    "hip": {
-        "eagle_worker_v2": ("_is_hip",), "eagle_utils": ("_is_hip",),
-        "spec_utils": ("_is_hip",), "overlap_utils": ("_is_hip",), "scheduler": ("_is_hip",),
-        "forward_batch_info": ("_is_hip",), "cache_locs": ("_is_hip",),
-        "allocation": ("_is_hip",),
-    },
-    "npu": {
-        "eagle_worker_common": ("_is_npu",),
-    },
-}
-# runtime probes called by name on the decode path
-_CALLS = {
-    "hip": {"forward_batch_info": ("is_hip",)},
-    "npu": {"eagle_worker_common": ("is_npu",), "input_buffers": ("is_npu",)},
-}
 WAR_BARRIER = {"cuda": True, "hip": False, "npu": False}
 
 
+def _module(name: str):
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
 @contextlib.contextmanager
-def flavour(engine: Engine, name: str):
-    """Apply flavour `name` for a block (sglang is imported; FutureMap not yet constructed)."""
+def flavour(name: str):
+    """Apply flavour `name` for a block (sglang imported, the scheduler not yet built); yields
+    the names it set, for `racecheck run --verbose`."""
     if name not in FLAVOURS:
         raise ValueError(f"unknown platform flavour {name!r} (choose from {', '.join(FLAVOURS)})")
-    engine.MODULES.setdefault("allocation", "sglang.srt.mem_cache.allocation")
+    applied = []
     with contextlib.ExitStack() as stack:
-        for key, flags in _FLAGS[name].items():
-            mod = engine.module(key)
+        for modname, flags in surface.PLATFORM_FLAGS[name].items():
+            mod = _module(modname)
             for flag in flags:
-                engine.need(key, flag)
-                stack.enter_context(patched(mod, flag, True))
-        for key, calls in _CALLS.get(name, {}).items():
-            mod = engine.module(key)
+                if mod is not None and flag in vars(mod):
+                    stack.enter_context(_patched(mod, flag, True))
+                    applied.append(f"{modname}.{flag}")
+        for modname, calls in surface.PLATFORM_CALLS.get(name, {}).items():
+            mod = _module(modname)
             for call in calls:
-                engine.need(key, call)
-                stack.enter_context(patched(mod, call, lambda: True))
-        spec_tree = engine.module("spec_tree")
-        engine.need("spec_tree", "_is_xpu")
-        stack.enter_context(patched(spec_tree, "_is_xpu", True))     # Triton tree kernels
-        platform = engine.need("platforms", "current_platform")
-        Caps = engine.need("platform_interface", "PlatformCapabilities")
-        stack.enter_context(patched(platform, "capabilities",
-                                    Caps(supports_triton=True, graph_capture=True,
-                                         piecewise_graph=True)))
+                if mod is not None and call in vars(mod):
+                    stack.enter_context(_patched(mod, call, lambda: True))
+                    applied.append(f"{modname}.{call}()")
+        for touch in surface.TRITON_TREE:
+            if touch.exists():
+                owner, flag = touch.owner_and_name()
+                stack.enter_context(_patched(owner, flag, True))
+                applied.append(touch.target)
+        stack.enter_context(_greedy_verify_in_triton(applied))
+        if surface.CAPABILITIES.exists() and surface.CAPABILITIES_TYPE.exists():
+            owner, attr = surface.CAPABILITIES.owner_and_name()
+            Caps = surface.CAPABILITIES_TYPE.get()
+            stack.enter_context(_patched(owner, attr, Caps(
+                supports_triton=True, graph_capture=True, piecewise_graph=True)))
+            applied.append(surface.CAPABILITIES.target)
         if name == "npu":
-            stack.enter_context(patched(torch.Tensor, "is_cuda", property(lambda t: False)))
-        yield WAR_BARRIER[name]
+            import torch
+            stack.enter_context(_patched(torch.Tensor, "is_cuda", property(lambda t: False)))
+        yield applied
+
+
+@contextlib.contextmanager
+def _greedy_verify_in_triton(applied: list):
+    """Releases whose CUDA branch of greedy verify imports a C++ op (`verify_tree_greedy` from
+    sgl_kernel or sglang's JIT kernels) get sglang's own Triton version under that name."""
+    eagle_utils = _module("sglang.srt.speculative.eagle_utils")
+    if eagle_utils is None or not surface.VERIFY_GREEDY_TRITON.exists() \
+            or "_is_cuda" not in vars(eagle_utils):
+        yield
+        return
+    triton_verify = surface.VERIFY_GREEDY_TRITON.get()
+
+    def verify_tree_greedy(**kw):
+        return triton_verify(**{k.replace("retrive_", "retrieve_"): v for k, v in kw.items()})
+    with contextlib.ExitStack() as stack:
+        for modname in ("sglang.kernels.ops.speculative.tree", "sgl_kernel"):
+            mod = sys.modules.get(modname) or _module(modname)
+            if mod is None:
+                mod = types.ModuleType(modname)
+                stack.enter_context(_in_sys_modules(modname, mod))
+            stack.enter_context(_patched(mod, "verify_tree_greedy", verify_tree_greedy))
+            applied.append(f"{modname}.verify_tree_greedy -> Triton")
+        yield
+
+
+@contextlib.contextmanager
+def _in_sys_modules(name: str, mod):
+    sys.modules[name] = mod
+    try:
+        yield
+    finally:
+        sys.modules.pop(name, None)

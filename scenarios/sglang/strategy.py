@@ -1,11 +1,12 @@
-"""What `racecheck fuzz sglang-eagle-v2` draws: request schedules, spec shape, feature knobs.
+"""What `racecheck fuzz sglang-eagle-v2` (and `sglang-overlap`) draws: request schedules, spec
+shape, feature knobs.
 
 Every example draws a request schedule (`arrivals`), unless the user fixed it; an exploring
-example also draws the spec shape (topk/steps/draft tokens), an mrope target (where the flavour
-has one), radix-cache prefix sharing and the decode graph buckets. `graphs` and `seed` are drawn
+example also draws the spec shape (topk/steps/draft tokens; EAGLE only), radix-cache prefix
+sharing and the decode graph buckets. `graphs` and `seed` are drawn
 from their types by the generic strategy (so a variant's `graphs=on` stays). The platform
 flavour is never drawn: it stays the user's (`--set flavour=npu`, default cuda), because the hip
-and npu flavours of sglang 0.5.23 have known races (docs/FINDINGS.md) that an as-shipped cuda
+and npu flavours of sglang have known races (docs/FINDINGS.md) that an as-shipped cuda
 run must not report; fuzz each flavour as its own target. `max_steps` stays at its default: the
 loop ends when every request has finished; the cap only guards against a loop that never does.
 
@@ -52,15 +53,16 @@ def arrivals(buckets=(1, 2, 4, 8)) -> st.SearchStrategy:
     return groups(buckets).map(format_arrivals)
 
 
-# The harness's KV pool has 512 slots (engine_run.KV_SLOTS). When it fills, sglang retracts
-# requests (`retract_decode`), scheduler bookkeeping the harness does not model; so drawn
-# schedules keep their KV demand (prompt, new tokens, and per decode step the drafts and the
-# verify window) within three quarters of the pool.
-KV_BUDGET = 384
+# The server's KV pool (server.MAX_TOTAL_TOKENS) is sized so that drawn schedules never fill it:
+# a full pool makes sglang retract requests, which a schedule cannot predict. Drawn schedules
+# keep their KV demand (prompt, new tokens, and per decode step the drafts and the verify
+# window) within a quarter of the pool.
+KV_BUDGET = 512
 
 
 def _defaults(sc) -> dict:
-    return {k: sc.knobs[k].default for k in ("steps", "topk", "draft_tokens")}
+    spec = {"steps": 0, "topk": 0, "draft_tokens": 0}
+    return {k: sc.knobs[k].default if k in sc.knobs else v for k, v in spec.items()}
 
 
 def kv_demand(groups, steps: int, topk: int, draft_tokens) -> int:
@@ -122,7 +124,7 @@ def overrides(draw, sc, fixed: dict, explore: bool):
     buckets = list(buckets or sc.knobs["graph_bs"].default)
     if "arrivals" not in fixed:
         cfg["arrivals"] = draw(arrivals(buckets))
-    if explore:
+    if explore and "topk" in sc.knobs:
         cfg.update(_spec_shape(draw(spec_params(sc)), fixed))
     if "arrivals" in cfg:
         cfg["arrivals"] = _within_kv(cfg["arrivals"], {**_defaults(sc), **fixed, **cfg})
@@ -132,9 +134,4 @@ def overrides(draw, sc, fixed: dict, explore: bool):
         shared = draw(st.one_of(st.just(True), st.booleans()))
         if not shared:
             cfg["shared_prefix"] = False
-    # mrope targets exist on cuda and npu only (`_resolve`); drawn on, never off, so that a
-    # variant that needs an mrope target keeps it
-    if "mrope" not in fixed and fixed.get("flavour", "cuda") != "hip":
-        if draw(st.one_of(st.just(False), st.booleans())):
-            cfg["mrope"] = True
     return cfg

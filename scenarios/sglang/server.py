@@ -1,0 +1,314 @@
+"""sglang's own scheduler process, run in this process through its front door.
+
+What a server launch does, minus the other processes: `ServerArgs` and `PortArgs` as the
+launcher makes them, then sglang's `run_scheduler_process`, which publishes the configuration,
+builds `Scheduler` (TP worker, model runner, pools, radix cache, attention backend, the EAGLE
+workers, graph runners and their captures) and runs sglang's own event loop. racecheck adds:
+
+* a tiny model (`model/`: HF configs of a standard architecture) loaded by sglang's own loader
+  with dummy weights;
+* a feeder at the request seam (`surface.FEED`): the schedule's arrivals join at their loop
+  iteration as `TokenizedGenerateReqInput`s, and the loop ends once every request finished;
+* the outputs, read from the ZMQ socket the scheduler sends its token ids to;
+* process plumbing: the parent-process signal on a scheduler exception is not sent to the
+  user's shell, and sglang's start-up chatter stays below warnings.
+
+Nothing in the loop is ours: sglang's `event_loop_overlap` chooses, launches and processes
+every batch, with its own WAR barrier.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import os
+import types
+from array import array
+from dataclasses import dataclass, field
+
+from . import surface
+from .surface import mismatch
+
+MODEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "model")
+VOCAB = 512                       # model/*/config.json
+CONTEXT_LEN = 256
+MAX_TOTAL_TOKENS = 2048
+
+
+@dataclass
+class Arrival:
+    """A request joining at loop iteration `step`."""
+
+    step: int
+    rid: str
+    prompt: list
+    max_new_tokens: int
+
+
+@dataclass
+class Shape:
+    """What the server is started with (ServerArgs): the engine's shape."""
+
+    speculative: bool = True
+    topk: int = 1
+    steps: int = 3
+    draft_tokens: int = 4
+    graphs: bool = False
+    graph_bs: list = field(default_factory=lambda: [1, 2, 4, 8])
+    max_running: int = 8
+    seed: int = 0
+    page_size: int = 1
+
+
+def server_args(shape: Shape):
+    """`ServerArgs` as `python -m sglang.launch_server` would make them for this shape; options
+    a release does not have are left out (older spellings where they differ)."""
+    ServerArgs = _need("sglang.srt.server_args", "ServerArgs")
+    accepted = inspect.signature(ServerArgs).parameters
+    kw = dict(model_path=os.path.join(MODEL_DIR, "target"), load_format="dummy",
+              skip_tokenizer_init=True, device="cuda", attention_backend="triton", tp_size=1,
+              dtype="float32", random_seed=shape.seed, page_size=shape.page_size,
+              context_length=CONTEXT_LEN, max_total_tokens=MAX_TOTAL_TOKENS,
+              max_running_requests=shape.max_running, mem_fraction_static=0.5,
+              disable_cuda_graph=not shape.graphs, log_level="error",
+              # one KV split per request: the Triton decode kernels' grid (and their time in
+              # the CPU interpreter) stays small; the split-and-reduce path is the same
+              triton_attention_num_kv_splits=1)
+    graph_bs = list(shape.graph_bs)
+    kw["cuda_graph_bs_decode" if "cuda_graph_bs_decode" in accepted else "cuda_graph_bs"] = graph_bs
+    kw["cuda_graph_max_bs_decode" if "cuda_graph_max_bs_decode" in accepted
+       else "cuda_graph_max_bs"] = max(graph_bs)
+    if shape.speculative:
+        kw.update(speculative_algorithm="EAGLE",
+                  speculative_draft_model_path=os.path.join(MODEL_DIR, "draft"),
+                  speculative_eagle_topk=shape.topk, speculative_num_steps=shape.steps,
+                  speculative_num_draft_tokens=shape.draft_tokens)
+    unknown = [k for k in kw if k not in accepted and k not in ("cuda_graph_max_bs_decode",
+                                                                  "cuda_graph_max_bs")]
+    if unknown:
+        raise mismatch(f"ServerArgs has no {', '.join(unknown)}")
+    return ServerArgs(**{k: v for k, v in kw.items() if k in accepted})
+
+
+def _need(module: str, name: str):
+    return surface.Touch(f"{module}:{name}", "").get()
+
+
+class _Stop(BaseException):
+    """Ends sglang's endless loop from the feeder on releases without a graceful-exit flag
+    (a BaseException: the scheduler's own `except Exception` must not catch it)."""
+
+
+class Outputs:
+    """The scheduler's output socket (what the tokenizer or detokenizer would read): each
+    request's token ids and whether it finished."""
+
+    def __init__(self, port_args):
+        import zmq
+        self._zmq = zmq
+        self._ctx = zmq.Context.instance()
+        self._sockets = []
+        for name in ("tokenizer_ipc_name", "detokenizer_ipc_name"):
+            address = getattr(port_args, name, None)
+            if address:
+                sock = self._ctx.socket(zmq.PULL)
+                sock.bind(address)
+                self._sockets.append(sock)
+        recv = surface.RECV.get() if surface.RECV.exists() else None
+        self._recv = recv or (lambda sock, flags=0: sock.recv_pyobj(flags))
+        self.tokens: dict = {}
+        self.finished: set = set()
+
+    def drain(self) -> None:
+        for sock in self._sockets:
+            while True:
+                try:
+                    msg = self._recv(sock, self._zmq.NOBLOCK)
+                except self._zmq.Again:
+                    break
+                self._take(msg)
+
+    def _take(self, msg) -> None:
+        rids = getattr(msg, "rids", None) or []
+        ids = getattr(msg, "output_ids", None) or getattr(msg, "decode_ids", None) \
+            or [()] * len(rids)
+        reasons = getattr(msg, "finished_reasons", None) or [None] * len(rids)
+        for rid, new, why in zip(rids, ids, reasons):
+            self.tokens.setdefault(rid, []).extend(int(t) for t in new)
+            if why is not None:
+                self.finished.add(rid)
+
+    def close(self) -> None:
+        for sock in self._sockets:
+            sock.close(linger=0)
+
+
+def make_request(arrival: Arrival, stop_token: int):
+    """A `TokenizedGenerateReqInput` from the struct's own fields (they change by release)."""
+    SamplingParams = surface.SAMPLING.get()
+    Req = surface.REQUEST.get()
+    sp = SamplingParams(max_new_tokens=arrival.max_new_tokens, temperature=0.0,
+                        ignore_eos=True, stop_token_ids=[stop_token] if stop_token >= 0 else None)
+    sp.normalize(None)
+    sp.verify(VOCAB) if "vocab_size" in inspect.signature(sp.verify).parameters else sp.verify()
+    fields = getattr(Req, "__struct_fields__", None) or getattr(Req, "__dataclass_fields__", {})
+    wants_array = "array" in str(getattr(Req, "__annotations__", {}).get("input_ids", ""))
+    values = dict(rid=arrival.rid, input_text="",
+                  input_ids=array("q", arrival.prompt) if wants_array else list(arrival.prompt),
+                  input_embeds=None, mm_inputs=None, image_inputs=None, token_type_ids=None,
+                  sampling_params=sp, return_logprob=False, logprob_start_len=-1,
+                  top_logprobs_num=0, token_ids_logprob=None, stream=False)
+    return Req(**{k: v for k, v in values.items() if k in fields})
+
+
+class Feeder:
+    """Stands at `Scheduler.process_input_requests`: iteration k of the event loop receives the
+    arrivals scheduled for k; once every request finished (or `max_steps` passed) the loop is
+    asked to exit as a shutdown request would."""
+
+    def __init__(self, arrivals, outputs: Outputs, *, max_steps: int, stop_token: int,
+                 on_first=None):
+        self.pending = sorted(arrivals, key=lambda a: a.step)
+        self.total = len(arrivals)
+        self.outputs = outputs
+        self.max_steps = max_steps
+        self.stop_token = stop_token
+        self.on_first = on_first
+        self.step = 0
+        self.stopping = False
+
+    def install(self):
+        Scheduler = surface.FEED.owner_and_name()[0]
+        original = surface.FEED.get()
+        graceful = surface.GRACEFUL_EXIT.exists() or "gracefully_exit" in inspect.getsource(
+            Scheduler.__init__)
+        feeder = self
+
+        def process_input_requests(scheduler, recv_reqs):
+            if feeder.on_first is not None:
+                feeder.on_first(scheduler)
+                feeder.on_first = None
+            return original(scheduler, list(recv_reqs) + feeder.arrivals(scheduler, graceful))
+        process_input_requests.__wrapped__ = original
+        return _patched(Scheduler, "process_input_requests", process_input_requests)
+
+    def arrivals(self, scheduler, graceful: bool) -> list:
+        k = self.step
+        self.step += 1
+        self.outputs.drain()
+        if len(self.outputs.finished) >= self.total or k >= self.max_steps:
+            if not graceful:
+                raise _Stop()
+            scheduler.gracefully_exit = True
+            return []
+        now = [a for a in self.pending if a.step <= k]
+        self.pending = self.pending[len(now):]
+        return [make_request(a, self.stop_token) for a in now]
+
+
+class _Pipe:
+    """The launcher's pipe: `run_scheduler_process` sends the scheduler's init info on it."""
+
+    def __init__(self):
+        self.info = None
+
+    def send(self, info):
+        self.info = info
+
+
+@contextlib.contextmanager
+def _patched(owner, name, value):
+    had = name in vars(owner)
+    old = vars(owner).get(name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        if had:
+            setattr(owner, name, old)
+        else:
+            delattr(owner, name)
+
+
+@contextlib.contextmanager
+def _no_parent_signal():
+    """`run_scheduler_process` SIGQUITs its parent when the scheduler raises; here the parent is
+    the user's shell. The exception itself still propagates (see `serve`)."""
+    owner, name = surface.PARENT.owner_and_name()
+
+    class _Parent:
+        def send_signal(self, *args):
+            pass
+
+    stand_in = types.SimpleNamespace(Process=lambda *a, **k: types.SimpleNamespace(
+        parent=lambda: _Parent()))
+    with _patched(owner, name, stand_in):
+        yield
+
+
+class SchedulerFailed(RuntimeError):
+    """sglang's scheduler raised; its own handler logged the traceback and returned."""
+
+
+@contextlib.contextmanager
+def _catch_scheduler_errors():
+    """`run_scheduler_process` logs a scheduler exception and returns; the harness must see it
+    (a run that stopped early is not a clean run), so the logged traceback is kept."""
+    logger = logging.getLogger(surface.SCHEDULER)
+    errors = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            if record.levelno >= logging.ERROR and "exception" in record.getMessage().lower():
+                errors.append(record.getMessage())
+    handler = Keep()
+    logger.addHandler(handler)
+    try:
+        yield errors
+    finally:
+        logger.removeHandler(handler)
+
+
+def serve(shape: Shape, arrivals, *, max_steps: int, stop_token: int = -1, on_start=None):
+    """Start sglang's scheduler process for `shape`, feed it `arrivals`, run its event loop until
+    every request finished; returns ({rid: token ids}, the scheduler's init info). `on_start`
+    is called with the scheduler before its first loop iteration."""
+    sa = server_args(shape)
+    PortArgs = _need("sglang.srt.server_args", "PortArgs")
+    port_args = PortArgs.init_new(sa)
+    entry = surface.ENTRY.get()
+    pipe = _Pipe()
+    kw = {}
+    for name, param in inspect.signature(entry).parameters.items():
+        if name == "server_args":
+            kw[name] = sa
+        elif name == "port_args":
+            kw[name] = port_args
+        elif name == "pipe_writer":
+            kw[name] = pipe
+        elif name == "dp_rank":
+            kw[name] = None
+        elif name == "gpu_id" or (name.endswith("_rank") and not name.startswith("display_")):
+            kw[name] = 0
+        elif param.default is inspect.Parameter.empty:
+            raise mismatch(f"run_scheduler_process takes {name!r}, which the front door does "
+                           "not know how to fill")
+    outputs = Outputs(port_args)
+    feeder = Feeder(arrivals, outputs, max_steps=max_steps, stop_token=stop_token,
+                    on_first=on_start)
+    try:
+        with _no_parent_signal(), _catch_scheduler_errors() as errors, feeder.install():
+            try:
+                entry(**kw)
+            except _Stop:
+                pass
+        if errors:
+            raise SchedulerFailed(errors[0].splitlines()[-1] if errors[0] else "scheduler error")
+        if pipe.info is None:
+            raise SchedulerFailed("the scheduler stopped before it was constructed")
+        import torch
+        torch.get_device_module("cuda").synchronize()
+        outputs.drain()
+    finally:
+        outputs.close()
+    return {rid: outputs.tokens.get(rid, []) for rid in sorted(a.rid for a in arrivals)}, pipe.info

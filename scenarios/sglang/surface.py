@@ -1,0 +1,193 @@
+"""Every place the harness touches sglang below its public constructors, with the releases each
+holds for.
+
+The front door builds sglang as its own launcher does (`ServerArgs`, `PortArgs`,
+`run_scheduler_process`) and runs sglang's own event loop; what it still reaches inside sglang
+is listed here and nowhere else, so an upstream rename fails with one line naming the missing
+name and the supported range, and the next person knows what to look at. Each `Touch` says why
+the harness needs it. `optional` touches are platform flags and names that only some releases
+have: a release without them takes the branch it has.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+from dataclasses import dataclass
+
+from racecheck.errors import UsageError
+
+OLDEST = "0.5.10"            # the first release the front door runs (docs/SGLANG.md)
+NEWEST = "0.5.23"
+SUPPORTED = f"{OLDEST} to {NEWEST} and source checkouts of that line"
+
+
+def installed_version() -> str | None:
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def release_key(version: str | None) -> tuple:
+    """(0, 5, 13, 1) for "0.5.13.post1"; () when unknown (a checkout without metadata)."""
+    if not version:
+        return ()
+    parts = []
+    for piece in version.replace(".post", ".").replace("rc", ".").replace("+", ".").split("."):
+        if not piece.isdigit():
+            break
+        parts.append(int(piece))
+    return tuple(parts)
+
+
+class EngineMismatch(UsageError):
+    """The installed sglang lacks something the front door drives (a refactor moved it)."""
+
+
+def mismatch(what: str) -> EngineMismatch:
+    return EngineMismatch(f"sglang {installed_version() or '(no version)'}: {what} (the "
+                          f"sglang scenarios support sglang {SUPPORTED}; see docs/SGLANG.md)")
+
+
+@dataclass(frozen=True)
+class Touch:
+    """`module:attr.path` inside sglang, and why the harness needs it."""
+
+    target: str
+    why: str
+    optional: bool = False
+
+    @property
+    def module(self) -> str:
+        return self.target.partition(":")[0]
+
+    @property
+    def attr(self) -> str:
+        return self.target.partition(":")[2]
+
+    def owner_and_name(self):
+        """(object holding the last name, last name), or raise the one-line mismatch."""
+        try:
+            obj = importlib.import_module(self.module)
+        except ImportError as exc:
+            raise mismatch(f"cannot import {self.module} ({exc})") from None
+        parts = self.attr.split(".")
+        for i, part in enumerate(parts[:-1]):
+            if not hasattr(obj, part):
+                raise mismatch(f"{self.module} has no {'.'.join(parts[:i + 1])!r}")
+            obj = getattr(obj, part)
+        return obj, parts[-1]
+
+    def exists(self) -> bool:
+        try:
+            owner, name = self.owner_and_name()
+        except EngineMismatch:
+            return False
+        return hasattr(owner, name)
+
+    def get(self):
+        owner, name = self.owner_and_name()
+        if not hasattr(owner, name):
+            raise mismatch(f"{self.module} has no {self.attr!r}")
+        return getattr(owner, name)
+
+
+SCHEDULER = "sglang.srt.managers.scheduler"
+
+# The process entry and the two seams of the request path.
+ENTRY = Touch(f"{SCHEDULER}:run_scheduler_process",
+              "sglang's per-rank process entry: publish the configuration, build Scheduler, run "
+              "its event loop")
+FEED = Touch(f"{SCHEDULER}:Scheduler.process_input_requests",
+             "where the event loop hands the requests it received to the scheduler, in every "
+             "release: the feeder adds the schedule's arrivals there (the inbox is a ZMQ socket "
+             "no tokenizer writes to) and ends the loop once every request finished")
+GRACEFUL_EXIT = Touch(f"{SCHEDULER}:Scheduler.gracefully_exit",
+                      "the loop's own exit flag (a ShutdownReq sets it)", optional=True)
+PARENT = Touch(f"{SCHEDULER}:psutil",
+               "run_scheduler_process signals its parent process (SIGQUIT) when the scheduler "
+               "raises: in this process the parent is the user's shell")
+REQUEST = Touch("sglang.srt.managers.io_struct:TokenizedGenerateReqInput",
+                "what the tokenizer sends the scheduler")
+SAMPLING = Touch("sglang.srt.sampling.sampling_params:SamplingParams", "a request's sampling")
+RECV = Touch("sglang.srt.managers.io_struct:sock_recv",
+             "decodes the scheduler's output messages (pickled before it)", optional=True)
+RUN_BATCH = Touch(f"{SCHEDULER}:Scheduler.run_batch",
+                  "forward_delay_us holds the forward stream back before each batch launches")
+
+# Naming: streams by the attribute sglang keeps them in (cosmetic: a missing one stays unnamed).
+STREAMS = (
+    ("schedule_stream", ("schedule_stream",)),
+    ("forward_stream", ("forward_stream",)),
+    ("copy_stream", ("copy_stream",)),
+    ("plan_stream(target)", ("draft_worker.plan_stream", "model_worker.plan_stream")),
+    ("plan_stream(draft)", ("draft_worker.draft_worker.plan_stream",
+                            "model_worker.draft_worker.plan_stream")),
+)
+
+# CUDA-graph inputs: sglang's own padding declarations (0.5.13 and later).
+REGISTRY = "sglang.srt.model_executor.cuda_graph_buffer_registry"
+REGISTER_SLOT = Touch(f"{REGISTRY}:CudaGraphBufferRegistry.register_slot",
+                      "names each graph input buffer after its slot and reads the slot's "
+                      "PaddingPolicy (what sglang declares about its padded rows)", optional=True)
+RESET_PADDING = Touch(f"{REGISTRY}:GraphSlot.reset_padding",
+                      "each slot's padding write is a synchronization site "
+                      "(`fill_from:padding(<slot>)#0`) that mutation analysis can drop",
+                      optional=True)
+PADDING_POLICY = Touch(f"{REGISTRY}:PaddingPolicy", "the padding policies", optional=True)
+INDEX_SEMANTIC = Touch("sglang.srt.model_executor.input_buffers:INDEX_SEMANTIC_BUFFERS",
+                       "inputs whose values index memory: stale padding there is never "
+                       "tolerated", optional=True)
+
+# Platform flags sglang computes once at import (`_is_cuda = is_cuda()`): a flavour sets the
+# ones the installed release has (module -> flags), for the speculative decode path.
+PLATFORM_FLAGS = {
+    "cuda": {
+        "sglang.srt.speculative.eagle_worker_v2": ("_is_cuda",),
+        "sglang.srt.speculative.eagle_utils": ("_is_cuda",),
+        "sglang.srt.speculative.spec_utils": ("_is_cuda",),
+        "sglang.srt.managers.overlap_utils": ("_is_cuda",),
+        "sglang.kernels.ops.speculative.cache_locs": ("_is_cuda",),
+        "sglang.srt.mem_cache.allocation": ("_is_cuda",),
+    },
+    "hip": {
+        "sglang.srt.speculative.eagle_worker_v2": ("_is_hip",),
+        "sglang.srt.speculative.eagle_utils": ("_is_hip",),
+        "sglang.srt.speculative.spec_utils": ("_is_hip",),
+        "sglang.srt.managers.overlap_utils": ("_is_hip",),
+        "sglang.srt.managers.scheduler": ("_is_hip",),
+        "sglang.srt.model_executor.forward_batch_info": ("_is_hip",),
+        "sglang.kernels.ops.speculative.cache_locs": ("_is_hip",),
+        "sglang.srt.mem_cache.allocation": ("_is_hip",),
+    },
+    "npu": {
+        "sglang.srt.speculative.eagle_worker_common": ("_is_npu",),
+    },
+}
+# Platform probes called at run time, per flavour.
+PLATFORM_CALLS = {
+    "hip": {"sglang.srt.model_executor.forward_batch_info": ("is_hip",)},
+    "npu": {"sglang.srt.speculative.eagle_worker_common": ("is_npu",),
+            "sglang.srt.model_executor.input_buffers": ("is_npu",)},
+}
+# sglang's tree build and greedy verify exist as CUDA C++ and as Triton kernels (taken on XPU):
+# every flavour takes the Triton ones here (same inputs, same outputs).
+TRITON_TREE = (Touch("sglang.kernels.ops.speculative.spec_tree:_is_xpu",
+                     "tree build in Triton (0.5.23)", optional=True),
+               Touch("sglang.srt.speculative.eagle_utils:_is_xpu",
+                     "tree build in Triton (before 0.5.23)", optional=True))
+VERIFY_GREEDY_TRITON = Touch("sglang.srt.speculative.eagle_utils:verify_tree_greedy_triton",
+                             "greedy verify in Triton, for releases whose CUDA branch calls the "
+                             "C++ op", optional=True)
+CAPABILITIES = Touch("sglang.srt.platforms:current_platform.capabilities",
+                     "a CUDA-like platform's capabilities (Triton, graph capture)",
+                     optional=True)
+CAPABILITIES_TYPE = Touch("sglang.srt.platforms.interface:PlatformCapabilities",
+                          "the capabilities record", optional=True)
+
+ALL = [v for v in list(globals().values()) if isinstance(v, Touch)] + list(TRITON_TREE)
+
+
+def missing() -> list:
+    """The required touches the installed sglang lacks (empty when it is supported)."""
+    return [t.target for t in ALL if not t.optional and not t.exists()]
