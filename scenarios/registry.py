@@ -344,18 +344,25 @@ _REFERENCE_CACHE: dict = {}
 _REFERENCE_CACHE_SIZE = 64
 
 
+def _reference_key(sc: Scenario, cfg: dict, seed: int) -> tuple:
+    return (sc, json.dumps(sc.reference_config(cfg), sort_keys=True), seed)
+
+
+def _remember_reference(sc: Scenario, cfg: dict, seed: int, out: dict) -> None:
+    if len(_REFERENCE_CACHE) >= _REFERENCE_CACHE_SIZE:
+        _REFERENCE_CACHE.pop(next(iter(_REFERENCE_CACHE)))
+    _REFERENCE_CACHE[_reference_key(sc, cfg, seed)] = out
+
+
 def reference_outputs(sc: Scenario, cfg: dict, seed: int) -> dict:
     """Outputs of the serialized run (one stream, no graphs, no overlap), outside any session."""
-    ref_cfg = sc.reference_config(cfg)
-    key = (sc.name, json.dumps(ref_cfg, sort_keys=True), seed)
-    hit = _REFERENCE_CACHE.get(key)
+    hit = _REFERENCE_CACHE.get(_reference_key(sc, cfg, seed))
     if hit is not None:
         return hit
     from .serial import SerialDeviceModule
-    out = sc.run_once(ref_cfg, RunContext(SerialDeviceModule(), "cpu", None, pin=False, seed=seed))
-    if len(_REFERENCE_CACHE) >= _REFERENCE_CACHE_SIZE:
-        _REFERENCE_CACHE.pop(next(iter(_REFERENCE_CACHE)))
-    _REFERENCE_CACHE[key] = out
+    out = sc.run_once(sc.reference_config(cfg),
+                      RunContext(SerialDeviceModule(), "cpu", None, pin=False, seed=seed))
+    _remember_reference(sc, cfg, seed, out)
     return out
 
 
@@ -385,6 +392,7 @@ def run(sc: Scenario, cfg: dict, device: str = "sim", seed: int = 0,
         # sim's eager executor runs device work in host issue order: a run of the reference
         # configuration itself, nothing dropped, computes exactly the serialized run's values
         ref = outputs
+        _remember_reference(sc, cfg, seed, outputs)
     else:
         ref = reference_outputs(sc, cfg, seed)
     diffs = compare_outputs(outputs, ref)

@@ -11,7 +11,7 @@ workers, graph runners and their captures) and runs sglang's own event loop. rac
   iteration as `TokenizedGenerateReqInput`s, and the loop ends once every request finished;
 * the outputs, read from the ZMQ socket the scheduler sends its token ids to;
 * process plumbing: the parent-process signal on a scheduler exception is not sent to the
-  user's shell, and sglang's start-up chatter stays below warnings.
+  user's shell, the process keeps its title, and sglang logs only errors.
 
 Nothing in the loop is ours: sglang's `event_loop_overlap` chooses, launches and processes
 every batch, with its own WAR barrier.
@@ -231,6 +231,22 @@ def _patched(owner, name, value):
 
 
 @contextlib.contextmanager
+def _own_process_title():
+    """sglang names its scheduler process (`sglang::scheduler`); here that is the user's
+    process, whose title is given back afterwards."""
+    try:
+        import setproctitle
+    except ImportError:
+        yield
+        return
+    title = setproctitle.getproctitle()
+    try:
+        yield
+    finally:
+        setproctitle.setproctitle(title)
+
+
+@contextlib.contextmanager
 def _no_parent_signal():
     """`run_scheduler_process` SIGQUITs its parent when the scheduler raises; here the parent is
     the user's shell. The exception itself still propagates (see `serve`)."""
@@ -297,7 +313,8 @@ def serve(shape: Shape, arrivals, *, max_steps: int, stop_token: int = -1, on_st
     feeder = Feeder(arrivals, outputs, max_steps=max_steps, stop_token=stop_token,
                     on_first=on_start)
     try:
-        with _no_parent_signal(), _catch_scheduler_errors() as errors, feeder.install():
+        with _own_process_title(), _no_parent_signal(), _catch_scheduler_errors() as errors, \
+                feeder.install():
             try:
                 entry(**kw)
             except _Stop:
