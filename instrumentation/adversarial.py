@@ -867,5 +867,19 @@ class AdversarialExecutor(Executor):
         return sum(len(s.queue) for s in self._streams.values())
 
     def describe(self) -> dict:
+        adopted = getattr(self, "_adopted", None)
+        if adopted is not None:
+            return dict(adopted)
         return {"plan": self.plan, "faults": list(self.faults), "stats": dict(self.stats),
                 "streams": {self.stream_name(t): s.index for t, s in self._streams.items()}}
+
+    def export(self) -> dict:
+        """What a run under this executor in another process leaves for `adopt`."""
+        return self.describe()
+
+    def adopt(self, state: dict) -> None:
+        """The run happened in a child process (one engine per process): its faults, stats and
+        streams as this executor's."""
+        self.faults[:] = state["faults"]
+        self.stats = dict(state["stats"])
+        self._adopted = dict(state)

@@ -359,11 +359,17 @@ def reference_outputs(sc: Scenario, cfg: dict, seed: int) -> dict:
     hit = _REFERENCE_CACHE.get(_reference_key(sc, cfg, seed))
     if hit is not None:
         return hit
-    from .serial import SerialDeviceModule
-    out = sc.run_once(sc.reference_config(cfg),
-                      RunContext(SerialDeviceModule(), "cpu", None, pin=False, seed=seed))
+    from . import fresh
+    run_ref = fresh.call if fresh.available(sc, "sim") else (lambda fn, *a: fn(*a))
+    out = run_ref(_serialized, sc, cfg, seed)
     _remember_reference(sc, cfg, seed, out)
     return out
+
+
+def _serialized(sc: Scenario, cfg: dict, seed: int) -> dict:
+    from .serial import SerialDeviceModule
+    return sc.run_once(sc.reference_config(cfg),
+                       RunContext(SerialDeviceModule(), "cpu", None, pin=False, seed=seed))
 
 
 def run(sc: Scenario, cfg: dict, device: str = "sim", seed: int = 0,
@@ -373,18 +379,22 @@ def run(sc: Scenario, cfg: dict, device: str = "sim", seed: int = 0,
     Findings that match the scenario's triaged upstream races (`Scenario.known_findings`, a
     suppressions file whose every entry cites docs/FINDINGS.md) are set apart in `known`, so that
     runs, fuzzing and mutation analysis report what is new; `keep_known` reports them too."""
-    import racecheck
+    from . import fresh
 
     check_device(device)
     cfg = sc.config(overrides=cfg)
     t0 = time.perf_counter()
-    torch_device = "cpu" if device == "sim" else device
     options = sc.session_options(cfg, device)
     options.update(session_options or {})
-    with racecheck.session(device=device, **options) as rc:
-        ctx = RunContext(rc.device_module, torch_device, rc, pin=True, seed=seed)
-        outputs = sc.run_once(cfg, ctx)
-    findings, known = split_known(sc, list(rc.findings))
+    if fresh.available(sc, device):
+        session = fresh.call(_instrumented, sc, cfg, device, seed, options)
+        for value in options.values():            # the child's executor state, here
+            if hasattr(value, "adopt"):
+                value.adopt(session.executor)
+    else:
+        session = _instrumented(sc, cfg, device, seed, options)
+    outputs = session.outputs
+    findings, known = split_known(sc, session.findings)
     if keep_known:
         findings, known = findings + known, []
     seconds = time.perf_counter() - t0
@@ -402,10 +412,35 @@ def run(sc: Scenario, cfg: dict, device: str = "sim", seed: int = 0,
         detail += f"; ... {len(diffs) - 6} more"
     for fieldname, text in _first_per_field(diffs):
         findings.append(diff_finding(sc, fieldname, text))
-    stats = {"events": rc.checker.events_processed}
     return RunResult(sc.name, cfg, device, seed, findings, outputs, ref, diff_ok, detail,
-                     list(rc.internal_errors), seconds, stats, rc.sync_sites.sites(),
-                     rc.sync_sites.unmatched_drops(), known)
+                     session.internal_errors, seconds, session.stats, session.sync_sites,
+                     session.unmatched_drops, known)
+
+
+@dataclass
+class SessionResult:
+    """What one instrumented run leaves behind, in a form that crosses a process boundary."""
+
+    outputs: dict
+    findings: list
+    internal_errors: list
+    stats: dict
+    sync_sites: list
+    unmatched_drops: list
+    executor: dict | None = None         # the executor's state (see AdversarialExecutor.adopt)
+
+
+def _instrumented(sc: Scenario, cfg: dict, device: str, seed: int, options: dict) -> SessionResult:
+    import racecheck
+    torch_device = "cpu" if device == "sim" else device
+    with racecheck.session(device=device, **options) as rc:
+        ctx = RunContext(rc.device_module, torch_device, rc, pin=True, seed=seed)
+        outputs = sc.run_once(cfg, ctx)
+    executor = options.get("executor")
+    return SessionResult(outputs, list(rc.findings), list(rc.internal_errors),
+                         {"events": rc.checker.events_processed}, rc.sync_sites.sites(),
+                         rc.sync_sites.unmatched_drops(),
+                         executor.export() if hasattr(executor, "export") else None)
 
 
 def unexecuted_drops(dropped, executed_ids) -> UsageError:

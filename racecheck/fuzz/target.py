@@ -124,29 +124,22 @@ class FuzzTarget:
 
         Findings do not depend on the order device work runs in, so this gives the same detector
         keys as `run`; differential and value failures need `run`."""
-        import racecheck
-        from racecheck.scenarios import RunContext
+        from racecheck.scenarios import fresh
         cfg = self.concrete_config(example)
         t0 = time.perf_counter()
-        crash = ""
-        rc = racecheck.session(device=self.device, **self.sc.session_options(cfg, self.device))
-        try:
-            with rc:
-                ctx = RunContext(rc.device_module, "cpu" if self.device == "sim" else self.device, rc,
-                                 pin=True, seed=int(example.get("seed", 0)))
-                self.sc.run_once(cfg, ctx)
-        except UsageError:
-            raise
-        except Exception as exc:
-            crash = _crash_text(exc)
+        seed = int(example.get("seed", 0))
+        if fresh.available(self.sc, self.device):
+            findings, internal, crash = fresh.call(_detector_only, self.sc, cfg, self.device, seed)
+        else:
+            findings, internal, crash = _detector_only(self.sc, cfg, self.device, seed)
         keys = []
         from racecheck.scenarios.registry import split_known
-        findings = split_known(self.sc, list(rc.findings))[0]
+        findings = split_known(self.sc, findings)[0]
         for f in findings:
             _add(keys, finding_key(f))
         if crash:
             keys.append(f"CRASH {crash.split(':', 1)[0]}")
-        return Outcome(keys, findings, None, [], crash, list(rc.internal_errors), time.perf_counter() - t0, cfg)
+        return Outcome(keys, findings, None, [], crash, internal, time.perf_counter() - t0, cfg)
 
     def run(self, example: dict) -> Outcome:
         """Run one example. An invalid configuration raises UsageError."""
@@ -195,3 +188,21 @@ class FuzzTarget:
             _add(keys, f"INTERNAL {kind}")
         return Outcome(keys, findings, result, faults, crash, internal, time.perf_counter() - t0, cfg,
                        executor.describe() if executor is not None else {})
+
+
+def _detector_only(sc, cfg: dict, device: str, seed: int) -> tuple:
+    """(findings, internal errors, crash text) of one run in issue order."""
+    import racecheck
+    from racecheck.scenarios import RunContext
+    crash = ""
+    rc = racecheck.session(device=device, **sc.session_options(cfg, device))
+    try:
+        with rc:
+            ctx = RunContext(rc.device_module, "cpu" if device == "sim" else device, rc,
+                             pin=True, seed=seed)
+            sc.run_once(cfg, ctx)
+    except UsageError:
+        raise
+    except Exception as exc:
+        crash = _crash_text(exc)
+    return list(rc.findings), list(rc.internal_errors), crash

@@ -192,6 +192,7 @@ SCENARIO = Scenario(
 KNOWN_RACES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "known-races.supp")
 SCENARIO.engine_version = _engine_version
 SCENARIO.known_findings = KNOWN_RACES
+SCENARIO.fresh_process = True              # one sglang server per process (scenarios/fresh.py)
 SCENARIO.engine_modules = ("sglang.",)     # mutate sglang's sites, not the harness's own
 # the reviewed sync mutation table of the tested sglang release: `racecheck mutate`'s baseline
 SCENARIO.mutate_baseline = os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -213,4 +214,6 @@ OVERLAP_SCENARIO = Scenario(
     drawn_knobs=("arrivals", "shared_prefix", "graph_bs", "flavour", "max_steps"))
 OVERLAP_SCENARIO.engine_version = _engine_version
 OVERLAP_SCENARIO.known_findings = KNOWN_RACES
+OVERLAP_SCENARIO.fresh_process = True
+SCENARIO.fresh_process = True              # one sglang server per process (scenarios/fresh.py)
 OVERLAP_SCENARIO.engine_modules = ("sglang.",)
