@@ -104,6 +104,8 @@ class Shim:
 
 
 _SGLANG_IMPORTER = "sglang"
+_IMPORT_MACHINERY = {"importlib", "importlib._bootstrap", "importlib._bootstrap_external",
+                     "_frozen_importlib", "_frozen_importlib_external", __name__}
 
 # module name (or top-level package) -> the shim that stands it in
 SHIMS = (
@@ -155,17 +157,12 @@ def _from_sglang(frame) -> bool:
     """Whether the import in progress is an import statement (or import_module) in one of
     sglang's own modules; probes (importlib.util.find_spec) are not imports."""
     while frame is not None:
-        filename = frame.f_code.co_filename
-        if filename.startswith("<frozen importlib"):
-            frame = frame.f_back
-            continue
-        if filename.endswith(("importlib/util.py", "importlib\\util.py")):
-            return False
-        if filename.endswith(("importlib/__init__.py", "importlib\\__init__.py")) \
-                or frame.f_globals.get("__name__") == __name__:
-            frame = frame.f_back
-            continue
         name = frame.f_globals.get("__name__") or ""
+        if name == "importlib.util":
+            return False
+        if name in _IMPORT_MACHINERY:
+            frame = frame.f_back
+            continue
         return name == _SGLANG_IMPORTER or name.startswith(_SGLANG_IMPORTER + ".")
     return False
 
