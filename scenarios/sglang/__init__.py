@@ -36,11 +36,11 @@ SITE_WAR_BARRIER = "sglang.srt.managers.scheduler:Scheduler._apply_war_barrier:w
 # 4, then 4, 5 past the largest bucket, then down to 1), in few loop iterations: every iteration
 # runs sglang's Triton kernels in the CPU interpreter.
 DEFAULT_ARRIVALS = "0:3x5;0:1x2;2:2x3;3:1x2"
-# A short request ends on a stop token (so it rides one more forward), and a long one that
-# shares a 12-token prefix with an earlier request takes its req_to_token row at once: the
-# forward still reading that row for KV write locations lands in the shared prefix's slots.
-PREFIX_REUSE = {"topk": 2, "prefix_len": 12, "stop_token": 37,
-                "arrivals": "0:1x2+14;3:1x8+3;8:1x4+14;20:1x4+14"}
+# Requests with a 12-token shared prefix join while a short one finishes: a finished request's
+# req_to_token row goes to the next request admitted, while the forward launched before the
+# finish was known may still read the row for its KV write locations.
+PREFIX_REUSE = {"topk": 1, "prefix_len": 12, "graphs": False,
+                "arrivals": "0:1x6+14;3:1x8+3;8:1x4+14;12:1x4+14"}
 
 
 def _arrivals(value):

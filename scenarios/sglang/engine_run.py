@@ -100,15 +100,25 @@ def _run(cfg: dict, rc, *, gpu: bool) -> dict:
 
 
 def name_streams(rc, scheduler) -> None:
-    """The scheduler's streams under the names sglang gives them (`surface.STREAMS`)."""
+    """The scheduler's streams under the names sglang gives them (`surface.STREAMS`), and
+    tensors several objects hold under their owner's name (`surface.TENSORS`)."""
+    import racecheck
     for label, paths in surface.STREAMS:
         for path in paths:
-            obj = scheduler
-            for part in path.split("."):
-                obj = getattr(obj, part, None)
+            obj = _attr_path(scheduler, path)
             if obj is not None:
                 rc.name_stream(obj, label)
                 break
+    for label, path in surface.TENSORS:
+        tensor = _attr_path(scheduler, path)
+        if tensor is not None:
+            racecheck.name(tensor, label)
+
+
+def _attr_path(obj, path: str):
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+    return obj
 
 
 @contextlib.contextmanager

@@ -125,6 +125,12 @@ STREAMS = (
                             "model_worker.draft_worker.plan_stream")),
 )
 
+# Naming: tensors several sglang objects hold, under their owner's name (cosmetic: a tensor a
+# release does not have keeps the holder-derived name racecheck gives it).
+TENSORS = (
+    ("ReqToTokenPool.req_to_token", "req_to_token_pool.req_to_token"),
+)
+
 # CUDA-graph inputs: sglang's own padding declarations (0.5.13 and later).
 REGISTRY = "sglang.srt.model_executor.cuda_graph_buffer_registry"
 REGISTER_SLOT = Touch(f"{REGISTRY}:CudaGraphBufferRegistry.register_slot",
