@@ -128,7 +128,7 @@ for item in json.load(open(sys.argv[1]))["install"]:
     print(meta["name"] + "==" + meta["version"])
 ' "$work/report.json" | filter > "$work/resolved.txt"
   if [ -s "$work/resolved.txt" ]; then
-    "$VPY" -m pip install -q --no-deps -r "$work/resolved.txt"
+    "$VPY" -m pip install -q --no-deps --no-compile -r "$work/resolved.txt"
   fi
   if [ -d "$SGLANG" ]; then
     # an editable install builds sglang's own extension where the checkout has one; without the
@@ -139,7 +139,7 @@ for item in json.load(open(sys.argv[1]))["install"]:
       echo "$src" > "$site/sglang-checkout.pth"
     fi
   else
-    "$VPY" -m pip install -q --no-deps "$work"/sglang-*.whl
+    "$VPY" -m pip install -q --no-deps --no-compile "$work"/sglang-*.whl
   fi
   echo "$want" > "$stamp"
   echo "setup: ready: sglang $("$VPY" -c "import importlib.metadata as m; print(m.version('sglang'))" 2>/dev/null || echo "($src)") in $VENV; $VENV/bin/racecheck, $VENV/bin/python -m pytest"
