@@ -111,8 +111,9 @@ _IMPORT_MACHINERY = {"importlib", "importlib._bootstrap", "importlib._bootstrap_
 SHIMS = (
     Shim("sgl_kernel", "0.5.4", None,
          "sglang's native CUDA kernels (the sgl-kernel / sglang-kernel wheels are CUDA-only); "
-         "imported unguarded at module top by mem_cache/memory_pool_host.py (0.5.8-0.5.9) and "
-         "by modules reached from the scheduler in other releases"),
+         "mem_cache/memory_pool_host.py imports sgl_kernel.kvcacheio at module top unless the "
+         "platform is NPU/XPU(/MPS) in 0.5.4-0.5.12, i.e. on a CPU too; from 0.5.13 only on "
+         "CUDA/HIP, which a routed run can make true"),
     Shim("flash_mla", "0.5.4", None,
          "FlashMLA's CUDA kernels; attention/flashmla_backend.py imports it unguarded, and the "
          "EAGLE v2 worker imports that backend when it captures graphs"),
@@ -136,8 +137,8 @@ SHIMS = (
          "sglang's configs/utils.py registers image processors with it at import. The mark is "
          "lifted for that class alone (transformers still reports torchvision as absent)"),
     Shim("transformers.register", "0.5.4", None,
-         "sglang registers its own configs (qwen3_asr, ...) with transformers AutoConfig; "
-         "registries; a transformers newer than the release's pin ships the same model type and "
+         "sglang registers its own configs (qwen3_asr, ...) with transformers' AutoConfig; "
+         "a transformers newer than the release's pin ships the same model type and "
          "refuses (\"'qwen3_asr' is already used\", 0.5.19-0.5.20 next to transformers 5.24): "
          "registrations made by sglang's modules pass exist_ok=True, sglang's class wins as it "
          "did with the pinned transformers"),
