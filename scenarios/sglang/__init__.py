@@ -100,7 +100,7 @@ def _resolve(cfg: dict) -> dict:
 
 
 def _resolve_overlap(cfg: dict) -> dict:
-    return dict(cfg, speculative=False)
+    return cfg
 
 
 def _reference(cfg: dict) -> dict:
@@ -110,6 +110,11 @@ def _reference(cfg: dict) -> dict:
 def _run(cfg: dict, ctx) -> dict:
     from .engine_run import run_pipeline
     return run_pipeline(cfg, ctx)
+
+
+def _run_overlap(cfg: dict, ctx) -> dict:
+    from .engine_run import run_pipeline
+    return run_pipeline(dict(cfg, speculative=False), ctx)
 
 
 VARIANTS = [
@@ -208,7 +213,8 @@ OVERLAP_SCENARIO = Scenario(
                       "Scheduler._apply_war_barrier without its wait: the next step's "
                       "schedule-stream writes of req_to_token are unordered with the forward "
                       "still reading them", drop_sync=(SITE_WAR_BARRIER,))],
-    runner=_run, resolve=_resolve_overlap, reference=_reference, diff_fields=_DIFF_FIELDS,
+    runner=_run_overlap, resolve=_resolve_overlap, reference=_reference,
+    diff_fields=_DIFF_FIELDS,
     session_options=lambda cfg, device: {"route_cuda": device == "sim"},
     strategy=_strategy,
     drawn_knobs=("arrivals", "shared_prefix", "graph_bs", "flavour", "max_steps"))
