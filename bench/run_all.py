@@ -8,7 +8,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CPU_BENCHES = ["bench_interception.py", "bench_checker.py", "bench_fuzz.py", "bench_scaling.py",
-               "sim_profile.py"]
+               "sim_profile.py", "bench_sglang.py"]
 
 
 def main(argv=None) -> int:

@@ -22,6 +22,7 @@ import contextlib
 import inspect
 import logging
 import os
+import time
 import types
 from array import array
 from dataclasses import dataclass, field
@@ -207,13 +208,21 @@ class Feeder:
 
 
 class _Pipe:
-    """The launcher's pipe: `run_scheduler_process` sends the scheduler's init info on it."""
+    """The launcher's pipe: `run_scheduler_process` sends the scheduler's init info on it, once
+    the scheduler is built (its graphs captured) and before its event loop starts."""
 
     def __init__(self):
         self.info = None
+        self.sent_at = None
 
     def send(self, info):
         self.info = info
+        self.sent_at = time.perf_counter()
+
+
+# Seconds of the last `serve` per phase (bench/bench_sglang.py): building the scheduler (model
+# load, pools, graph capture) and running the event loop.
+TIMINGS: dict = {}
 
 
 @contextlib.contextmanager
@@ -312,6 +321,7 @@ def serve(shape: Shape, arrivals, *, max_steps: int, stop_token: int = -1, on_st
     outputs = Outputs(port_args)
     feeder = Feeder(arrivals, outputs, max_steps=max_steps, stop_token=stop_token,
                     on_first=on_start)
+    started = time.perf_counter()
     try:
         with _own_process_title(), _no_parent_signal(), _catch_scheduler_errors() as errors, \
                 feeder.install():
@@ -326,6 +336,8 @@ def serve(shape: Shape, arrivals, *, max_steps: int, stop_token: int = -1, on_st
         import torch
         torch.get_device_module("cuda").synchronize()
         outputs.drain()
+        TIMINGS.update(construction=pipe.sent_at - started,
+                       loop=time.perf_counter() - pipe.sent_at, iterations=feeder.step)
     finally:
         outputs.close()
     return {rid: outputs.tokens.get(rid, []) for rid in sorted(a.rid for a in arrivals)}, pipe.info

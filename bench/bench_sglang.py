@@ -1,0 +1,77 @@
+"""Where a run of the real sglang engine's time goes on a CPU (the front door, `sim`).
+
+    python bench/bench_sglang.py [--scenario sglang-eagle-v2] [--set K=V ...] [--quick]
+
+Prints, for one configuration: the import of sglang's scheduler (with racecheck's shims), then
+one `racecheck run` worth of work in a fresh process per phase split (scheduler construction,
+graph capture included; sglang's event loop; the serialized reference run) and how many loop
+iterations ran. Phases come from the front door's own clock (`server.TIMINGS`). `--quick` runs
+the smallest schedule with graphs off (CI keeps the script working; it asserts nothing).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+CHILD = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import racecheck
+from racecheck import scenarios
+from racecheck.scenarios.sglang import imports, surface
+from racecheck.scenarios.sglang.engine_run import _environment, _SIM_ENV, _import_quietly
+imports.install()
+with _environment(dict(_SIM_ENV)):
+    _import_quietly()
+t_import = time.perf_counter() - t0
+sc = scenarios.get(sys.argv[1])
+cfg = sc.config(overrides=json.loads(sys.argv[2]))
+from racecheck.scenarios.registry import RunContext
+from racecheck.scenarios.sglang import server
+t1 = time.perf_counter()
+with racecheck.session(device="sim", **sc.session_options(cfg, "sim")) as rc:
+    sc.run_once(cfg, RunContext(rc.device_module, "cpu", rc, pin=True, seed=0))
+total = time.perf_counter() - t1
+print(json.dumps({"import": t_import, "run": total, **server.TIMINGS,
+                  "events": rc.checker.events_processed, "findings": len(rc.findings)}))
+"""
+
+
+def phase(scenario: str, cfg: dict) -> dict:
+    p = subprocess.run([sys.executable, "-c", CHILD, scenario, json.dumps(cfg)],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"bench_sglang: the run failed:\n{p.stderr[-3000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scenario", default="sglang-eagle-v2")
+    ap.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE")
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args(argv)
+    import importlib.util
+    if importlib.util.find_spec("sglang") is None:
+        print("bench_sglang: sglang is not installed; skipped")
+        return 0
+    cfg = dict(item.split("=", 1) for item in args.set)
+    if args.quick:
+        cfg = {"graphs": "off", "arrivals": "0:1x2", **cfg}
+    t0 = time.perf_counter()
+    got = phase(args.scenario, cfg)
+    wall = time.perf_counter() - t0
+    shown = " ".join(f"{k}={v}" for k, v in cfg.items()) or "(defaults)"
+    print(f"{args.scenario} {shown}: process {wall:.1f}s = "
+          f"import {got['import']:.1f}s + construction {got['construction']:.1f}s (graph capture "
+          f"included) + loop {got['loop']:.1f}s ({got['iterations']} iterations, "
+          f"{got['events']} events, {got['findings']} findings) + the rest")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
