@@ -27,9 +27,6 @@ SITE_DRAFT_EXTEND_PLAN_WAIT = \
 SITE_DRAFT_EXTEND_JOIN = \
     "sglang.srt.speculative.eagle_worker_v2:EagleDraftWorker._draft_extend_for_decode:wait_stream#1"
 SITE_PUBLISH_WAIT = "sglang.srt.managers.overlap_utils:FutureMap.resolve_seq_lens_cpu:wait#0"
-SITE_REQ_POOL_PADDING = ("sglang.srt.model_executor.cuda_graph_buffer_registry:"
-                         "CudaGraphBufferRegistry.fill_from:padding(req_pool_indices)#0")
-
 SITE_WAR_BARRIER = "sglang.srt.managers.scheduler:Scheduler._apply_war_barrier:wait_stream#0"
 
 # Requests join and finish so that batches cross and shrink inside the graph buckets (3 padded to
@@ -153,15 +150,6 @@ VARIANTS = [
             "`schedule_stream.wait_stream(forward_stream)`: the one edge that orders the "
             "forward's req_to_token reads before the next step rewrites the rows",
             drop_sync=(SITE_WAR_BARRIER,)),
-    Variant("no-req_pool_padding_zero", {"graphs": True, "flavour": "npu"},
-            [("RC006", "graph.req_pool_indices")],
-            "the decode graph registry's req_pool_indices slot not zero-padded: padded rows keep "
-            "the previous replay's request rows, read in the graph as rows of req_to_token "
-            "(#26292). Where graph runners share input buffers (cuda, hip) the draft-extend "
-            "runner's own `req_pool_indices.zero_()` rewrites the same buffer before every "
-            "verify replay, so the flavour is npu, where each runner keeps its own buffers",
-            also=[("RC002", "ReqToTokenPool.req_to_token")],
-            drop_sync=(SITE_REQ_POOL_PADDING,)),
 ]
 
 
