@@ -122,10 +122,10 @@ def main() -> int:
             json.dump(data, fh, indent=1)
         print(table(data))
         return 0
-    from gpu_sglang import install
+    from gpu_sglang import child_env, install
     site = install(args.bundle)
     os.makedirs(args.out, exist_ok=True)
-    env = dict(os.environ, PYTHONPATH=site)        # racecheck itself: the installed package
+    env = child_env(site)                          # keeps the racecheck this process was given
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--bundle", args.bundle,
            "--out", args.out, "--runs", str(args.runs), "--delay-us", str(args.delay_us)]
     return subprocess.run(cmd + (["--graphs"] if args.graphs else []), env=env).returncode

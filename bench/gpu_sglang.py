@@ -42,6 +42,14 @@ def install(bundle: str) -> str:
     return site
 
 
+def child_env(site: str) -> dict:
+    """The child's environment: the bundle first; then whatever racecheck this process was
+    given (an install with its C code built); the source tree last, as a fallback."""
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [site, *inherited, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]))
+
+
 def child(configs: list, runs: int) -> list:
     """In the process that has sglang on its path."""
     import torch
@@ -101,11 +109,7 @@ def main() -> int:
         return 0
     site = install(args.bundle)
     os.makedirs(args.out, exist_ok=True)
-    # the bundle first; then whatever racecheck this process was given (an install with its C
-    # code built); the source tree last, as a fallback
-    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [site, *inherited, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]))
+    env = child_env(site)
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--bundle",
                            args.bundle, "--out", args.out, "--runs", str(args.runs)]
                           + (["--only", args.only] if args.only else []), env=env)
