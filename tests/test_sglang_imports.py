@@ -125,3 +125,25 @@ def test_the_front_door_modules_import_after_install():
     assert out["event_loop_overlap"]
     assert not out["transformers_sees_torchvision"]
     assert "server_args" in out["signature"] and "port_args" in out["signature"]
+
+
+def test_vllm_layers_hand_back_sglangs_own_classes(finder):
+    """0.5.4-0.5.7 import vllm's activation classes on a CPU right after defining their own."""
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed here")
+    finder.vllm = True
+    finder.vllm_modules = ("vllm", "vllm._custom_ops", *imports._VLLM_PACKAGES,
+                           *imports._VLLM_LAYERS)
+    owner = type(sys)("sglang.srt.layers.activation")
+    exec("class SiluAndMul: pass", vars(owner))
+    sys.modules[owner.__name__], saved = owner, sys.modules.get(owner.__name__)
+    try:
+        exec("from vllm.model_executor.layers.activation import SiluAndMul", vars(owner))
+        assert vars(owner)["SiluAndMul"].__module__ == owner.__name__
+        with pytest.raises(ImportError):
+            exec("from vllm.model_executor.layers.activation import GeluAndMul", vars(owner))
+    finally:
+        if saved is None:
+            del sys.modules[owner.__name__]
+        else:
+            sys.modules[owner.__name__] = saved

@@ -122,6 +122,11 @@ SHIMS = (
          "`vllm._custom_ops` when its platform is neither CUDA nor CPU (a routed sim run); "
          "the rest of vllm stays missing, because sglang's suppress_other_loggers (and other "
          "guarded imports) must keep seeing vllm's submodules as absent"),
+    Shim("vllm.model_executor.layers", "0.5.4", "0.5.7",
+         "layers/activation.py and layers/layernorm.py import vllm's SiluAndMul/GeluAndMul, "
+         "RMSNorm/GemmaRMSNorm at module top on a CPU without AMX (no CUDA/NPU/HIP/XPU); the "
+         "stand-ins hand back the classes those sglang modules define just above the import, "
+         "so the import rebinds each name to itself"),
     Shim("torchvision", "0.5.4", None,
          "torchvision's PyPI wheel does not load next to a CPU torch; srt/utils/common.py "
          "imports torchvision.io at module top (0.5.10-0.5.20; lazily from 0.5.21) and the "
@@ -175,6 +180,7 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self.native: tuple = ()        # top-level packages stood in as `_MissingPackage`
         self.modules: tuple = ()       # sglang modules stood in as `_StandIn`
         self.vllm = False
+        self.vllm_modules: tuple = ("vllm", "vllm._custom_ops")
         self.torchvision = False
 
     def _kind(self, fullname: str):
@@ -183,7 +189,7 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             return "native"
         if fullname in self.modules:
             return "module"
-        if self.vllm and fullname in ("vllm", "vllm._custom_ops"):
+        if self.vllm and fullname in self.vllm_modules:
             return "vllm"
         if self.torchvision and top == "torchvision" and _from_sglang(sys._getframe(2)):
             return "torchvision"
@@ -205,8 +211,10 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             return _MissingPackage(name, f"{top} (a native CUDA kernel package) is not installed")
         if name in self.modules:
             return _StandIn(name)
-        if name == "vllm":
+        if name in self.vllm_modules[:1] + _VLLM_PACKAGES:
             return types.ModuleType(name)   # a package whose other submodules stay missing
+        if name in _VLLM_LAYERS:
+            return _SglangLayers(name)
         if name == "vllm._custom_ops":
             return _MissingPackage(name, "vllm (CUDA kernels) is not installed")
         return _MissingPackage(name, "torchvision is not installed (its PyPI wheel does not "
@@ -214,6 +222,25 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module):
         pass
+
+
+_VLLM_LAYERS = {"vllm.model_executor.layers.activation": "sglang.srt.layers.activation",
+                "vllm.model_executor.layers.layernorm": "sglang.srt.layers.layernorm"}
+_VLLM_PACKAGES = ("vllm.model_executor", "vllm.model_executor.layers")
+
+
+class _SglangLayers(types.ModuleType):
+    """A vllm layers module as sglang 0.5.4-0.5.7 import it on a CPU: each name is the class the
+    importing sglang module (`_VLLM_LAYERS`) defines itself."""
+
+    def __getattr__(self, name):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        owner = sys.modules.get(_VLLM_LAYERS[self.__name__])
+        if owner is None or name not in vars(owner):
+            raise AttributeError(f"{self.__name__}.{name} is stood in only for the names "
+                                 f"{_VLLM_LAYERS[self.__name__]} defines itself")
+        return vars(owner)[name]
 
 
 _FINDER = _Finder()
@@ -317,6 +344,8 @@ def install(native: tuple = NATIVE, version=None) -> tuple:
                            and importlib.util.find_spec(n) is None)
     _FINDER.modules = tuple(n for n in names if n.startswith("sglang."))
     _FINDER.vllm = "vllm" in names and importlib.util.find_spec("vllm") is None
+    _FINDER.vllm_modules = ("vllm", "vllm._custom_ops") + (
+        _VLLM_PACKAGES + tuple(_VLLM_LAYERS) if "vllm.model_executor.layers" in names else ())
     _FINDER.torchvision = ("torchvision" in names and "torchvision" not in sys.modules
                            and importlib.util.find_spec("torchvision") is None)
     if _FINDER.torchvision:
