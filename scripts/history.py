@@ -42,6 +42,8 @@ FIXES = [
     ("#23423 NPU mrope positions recomputed after the plan-stream join", "0.5.12"),
     ("#26292 req_pool_indices zeroed in graph padding (PaddingPolicy.ZERO)", "0.5.13"),
     ("#25879/#26380 seq_lens through FutureMap.publish / publish_ready", "0.5.13"),
+    ("verify prep on the plan stream waits for the forward stream (`run_eagle_verify`: "
+     "#21940's ordering back after its revert)", "0.5.20"),
     ("draft-extend prep on the plan stream waits for the forward stream "
      "(`_draft_extend_for_decode`, the #40025 report)", "0.5.22"),
 ]
