@@ -119,6 +119,9 @@ for line in sys.stdin:
   torch_v=$("$VPY" -c "import importlib.metadata as m; print(m.version('torch').split('+')[0])")
   triton_v=$("$VPY" -c "import importlib.metadata as m; print(m.version('triton'))")
   printf 'torch==%s\ntriton==%s\n' "$torch_v" "$triton_v" > "$work/pins.txt"
+  # 0.5.11-0.5.12 ask for `kernels` unpinned; its newer releases break the transformers they pin at
+  # import (hub_kernels: "Either a revision or a version must be specified"): the pin 0.5.13 chose
+  if grep -qx 'kernels' "$work/requires.txt"; then echo 'kernels>=0.14.1,<0.15' >> "$work/pins.txt"; fi
   echo "setup: sglang $SGLANG: $(wc -l < "$work/light.txt") light dependencies (of $(wc -l < "$work/requires.txt")), resolving"
   "$VPY" -m pip install -q --dry-run --report "$work/report.json" -c "$work/pins.txt" -r "$work/light.txt"
   "$VPY" -c '
