@@ -176,29 +176,26 @@ class Feeder:
         self.stop_token = stop_token
         self.on_first = on_first
         self.step = 0
-        self.stopping = False
 
     def install(self):
         Scheduler = surface.FEED.owner_and_name()[0]
         original = surface.FEED.get()
-        graceful = surface.GRACEFUL_EXIT.exists() or "gracefully_exit" in inspect.getsource(
-            Scheduler.__init__)
         feeder = self
 
         def process_input_requests(scheduler, recv_reqs):
             if feeder.on_first is not None:
                 feeder.on_first(scheduler)
                 feeder.on_first = None
-            return original(scheduler, list(recv_reqs) + feeder.arrivals(scheduler, graceful))
+            return original(scheduler, list(recv_reqs) + feeder.arrivals(scheduler))
         process_input_requests.__wrapped__ = original
         return _patched(Scheduler, "process_input_requests", process_input_requests)
 
-    def arrivals(self, scheduler, graceful: bool) -> list:
+    def arrivals(self, scheduler) -> list:
         k = self.step
         self.step += 1
         self.outputs.drain()
         if len(self.outputs.finished) >= self.total or k >= self.max_steps:
-            if not graceful:
+            if not hasattr(scheduler, surface.GRACEFUL_EXIT.attr.rpartition(".")[2]):
                 raise _Stop()
             scheduler.gracefully_exit = True
             return []

@@ -103,7 +103,9 @@ FEED = Touch(f"{SCHEDULER}:Scheduler.process_input_requests",
              "release: the feeder adds the schedule's arrivals there (the inbox is a ZMQ socket "
              "no tokenizer writes to) and ends the loop once every request finished")
 GRACEFUL_EXIT = Touch(f"{SCHEDULER}:Scheduler.gracefully_exit",
-                      "the loop's own exit flag (a ShutdownReq sets it)", optional=True)
+                      "the loop's own exit flag (a ShutdownReq sets it; an instance attribute, "
+                      "looked up on the scheduler: a release without it is stopped by an "
+                      "exception the loop does not catch)", optional=True)
 PARENT = Touch(f"{SCHEDULER}:psutil",
                "run_scheduler_process signals its parent process (SIGQUIT) when the scheduler "
                "raises: in this process the parent is the user's shell")
