@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import warnings
 
 from . import surface
@@ -64,8 +63,9 @@ def _run(cfg: dict, rc, *, gpu: bool) -> dict:
     imports.install()
     env = dict(_SIM_ENV) if not gpu else {}
     if cfg.get("speculative", True):
-        env.update(SGLANG_ENABLE_SPEC_V2="1",
-                   SGLANG_ENABLE_OVERLAP_PLAN_STREAM="1" if cfg.get("plan_stream", True) else "0")
+        # spec v2 is always on from 0.5.14 (surface.OLDEST is later); the plan streams are an
+        # option every release has, off by default
+        env["SGLANG_ENABLE_OVERLAP_PLAN_STREAM"] = "1" if cfg.get("plan_stream", True) else "0"
     war_barrier = platform.WAR_BARRIER[cfg["flavour"]] or cfg.get("war_barrier") == "on"
     # is_cuda() is False on a CPU: the cuda flavour's barrier comes through sglang's own switch
     env["SGLANG_ENABLE_WAR_BARRIER"] = "1" if war_barrier else None
@@ -75,10 +75,8 @@ def _run(cfg: dict, rc, *, gpu: bool) -> dict:
         stack.enter_context(warnings.catch_warnings())
         # Triton's interpreter evaluates masked-off lanes too (inf - inf in attention masks)
         warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton")
+        surface.check_release()
         _import_quietly()
-        if surface.installed_version() is None and "sglang" not in sys.modules:
-            from racecheck.errors import UsageError
-            raise UsageError("the sglang scenarios need sglang: see docs/SGLANG.md")
         missing = surface.missing()
         if missing:
             raise surface.mismatch(f"no {missing[0]}")

@@ -16,7 +16,10 @@ from dataclasses import dataclass
 
 from racecheck.errors import UsageError
 
-OLDEST = "0.5.10"            # the first release the front door runs (docs/SGLANG.md)
+# The first release the front door runs (docs/HISTORY.md): older ones build EAGLE's draft tree
+# only with sgl_kernel's CUDA op (no Triton version a CPU can run), and 0.5.4-0.5.15 lack modules
+# the spec-v2 path of later releases reads (docs/SGLANG_RELEASES.md).
+OLDEST = "0.5.16"
 NEWEST = "0.5.23"
 SUPPORTED = f"{OLDEST} to {NEWEST} and source checkouts of that line"
 
@@ -194,6 +197,16 @@ CAPABILITIES_TYPE = Touch("sglang.srt.platforms.interface:PlatformCapabilities",
                           "the capabilities record", optional=True)
 
 ALL = [v for v in list(globals().values()) if isinstance(v, Touch)] + list(TRITON_TREE)
+
+
+def check_release() -> None:
+    """One line (exit 2) for an sglang that is missing or older than OLDEST; a source checkout
+    without a version is taken as the newest."""
+    version = installed_version()
+    if version is None:
+        raise UsageError("the sglang scenarios need sglang installed: see docs/SGLANG.md")
+    if release_key(version) < release_key(OLDEST):
+        raise mismatch(f"older than {OLDEST}, the first release the front door runs")
 
 
 def missing() -> list:
