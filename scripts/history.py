@@ -56,6 +56,9 @@ def version_key(v: str) -> tuple:
 def run_one(venv: str, scenario: str, sets: list, variant: str | None, report: str) -> dict:
     """`racecheck run` in the release's environment; its exit status, time and error line."""
     py = os.path.join(venv, "bin", "python")
+    if not os.path.exists(py):
+        return {"exit": 2, "seconds": 0.0, "error": f"no environment at {venv} (set it up with "
+                                                     "SGLANG=VERSION VENV=DIR bash scripts/setup.sh)"}
     cmd = [py, "-m", "racecheck", "run", scenario, "--all", "--report", f"json={report}"]
     for s in sets:
         cmd += ["--set", s]
@@ -156,9 +159,8 @@ def main(argv=None) -> int:
     releases = {}
     for item in args.release:
         version, sep, venv = item.partition("=")
-        if not sep or not os.path.exists(os.path.join(venv, "bin", "python")):
-            print(f"--release {item!r}: expected VERSION=VENV with VENV/bin/python",
-                  file=sys.stderr)
+        if not sep or not version or not venv:
+            print(f"--release {item!r}: expected VERSION=VENV", file=sys.stderr)
             return 2
         releases[version] = os.path.abspath(venv)
     configs = [c for c in args.configs.split(",") if c]
@@ -180,8 +182,9 @@ def main(argv=None) -> int:
                 run = json.load(fh)
         else:
             run = run_one(venv, scenario, sets, variant, report)
-            with open(run_file, "w") as fh:
-                json.dump(run, fh)
+            if not run["error"].startswith("no environment"):
+                with open(run_file, "w") as fh:
+                    json.dump(run, fh)
         res = summarize(run, scenario, report)
         print(f"{version:>12} {name:<32} {describe(res)[:100]} ({res['seconds']}s)", flush=True)
         return (version, name), res
