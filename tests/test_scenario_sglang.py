@@ -93,3 +93,18 @@ def test_run_cli_drop_sync_flags_the_seed_and_rejects_a_site_that_never_ran():
                            "--drop-sync", typo], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert site in proc.stderr and "\n" not in proc.stderr.strip()
+
+
+def test_a_dropped_wait_is_one_panel_per_missing_edge_and_every_temporary_named():
+    """The draft-extend join dropped: its findings group by missing edge (one console panel
+    each), and temporaries carry the statement that made them, not "unnamed tensor"."""
+    from racecheck.findings import group_findings
+    site = "sglang.srt.speculative.eagle_worker_v2:EagleDraftWorker._draft_extend_for_decode:wait_stream#1"
+    res = _run(graphs=False, drop_sync=site)
+    assert res.race_findings, "dropping the join exposes races"
+    groups = group_findings(res.race_findings)
+    family = {"RC001": "RC001-3", "RC002": "RC001-3", "RC003": "RC001-3"}
+    panels = [(family.get(g.first.rule, g.first.rule), g.first.missing_edge) for g in groups]
+    assert len(panels) == len(set(panels)), [(g.first.rule, g.first.missing_edge, g.tensors)
+                                             for g in groups]
+    assert not [f.tensor for f in res.race_findings if "unnamed" in f.tensor]
