@@ -74,7 +74,8 @@ def test_the_plain_overlap_scheduler_is_clean_and_needs_its_war_barrier():
 
 
 def test_an_upstream_rename_fails_with_one_line():
-    from racecheck.scenarios.sglang import surface
+    from racecheck.scenarios.sglang import imports, surface
+    imports.install()
     touch = surface.Touch("sglang.srt.managers.scheduler:Scheduler.renamed_method", "a test")
     with pytest.raises(surface.EngineMismatch) as err:
         touch.get()
