@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import sys
 
 
@@ -57,8 +58,9 @@ def call(fn, *args, **kwargs):
         data = fh.read()
     _, status = os.waitpid(pid, 0)
     if not data:
-        raise EngineProcessDied(f"the engine's process ended without a result "
-                                f"(wait status {status})")
+        how = (f"signal {signal.Signals(os.WTERMSIG(status)).name}" if os.WIFSIGNALED(status)
+               else f"exit status {os.WEXITSTATUS(status)}")
+        raise EngineProcessDied(f"the engine's process died ({how})")
     ok, value = pickle.loads(data)
     if not ok:
         raise value

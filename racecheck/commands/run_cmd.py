@@ -114,8 +114,18 @@ def main(args) -> int:
         executor = options["executor"] = AdversarialExecutor(plan)
         console.print("executor: adversarial, plan " + plan_text(plan), markup=False,
                       soft_wrap=True)
-    res = scenarios.run(sc, cfg, device=args.device, seed=args.seed, session_options=options,
-                        keep_known=getattr(args, "keep_known", False))
+    repro = repro_line(sc.name, args.variant, sets, args.device, args.seed, plan)
+    from racecheck.scenarios.fresh import EngineProcessDied
+    try:
+        res = scenarios.run(sc, cfg, device=args.device, seed=args.seed, session_options=options,
+                            keep_known=getattr(args, "keep_known", False))
+    except EngineProcessDied as exc:
+        # a memory fault is what a race can cause; racecheck's C code can too
+        console.print(f"fault: {exc}: the program crashed under this order (to rule out "
+                      "racecheck's native code, rerun with RACECHECK_PURE_PYTHON=1)",
+                      style="bold red", markup=False, soft_wrap=True)
+        console.print(f"repro: {repro}", markup=False)
+        return 1
     if res.internal_errors:
         raise InternalError(res.internal_errors[0].splitlines()[0])
     if res.unmatched_drops:
@@ -123,7 +133,6 @@ def main(args) -> int:
         raise unexecuted_drops(res.unmatched_drops, [s.id for s in res.sync_sites])
     faults = list(executor.faults) if executor is not None else []
 
-    repro = repro_line(sc.name, args.variant, sets, args.device, args.seed, plan)
     meta = {"scenario": sc.name, "variant": args.variant or "", "device": args.device, "seed": args.seed,
             "config": cfg, "repro": repro, "time": res.seconds}
     code = finish(res.findings, args, meta, console=console)
