@@ -49,6 +49,9 @@ FIXES = [
 ]
 
 
+SHOWN = 4              # findings named per cell; the rest are counted
+
+
 def version_key(v: str) -> tuple:
     return tuple(int(p) if p.isdigit() else 0 for p in v.replace(".post", ".").split("."))
 
@@ -105,7 +108,9 @@ def describe(result: dict) -> str:
     known = f" (+{result['known']} triaged)" if result.get("known") else ""
     if not result["findings"]:
         return "clean" + known
-    return ", ".join(f"{rule} `{tensor}`" for rule, tensor in result["findings"]) + known
+    shown = [f"{rule} `{tensor}`" for rule, tensor in result["findings"]]
+    more = f", {len(shown) - SHOWN} more" if len(shown) > SHOWN else ""
+    return ", ".join(shown[:SHOWN]) + more + known
 
 
 def render(results: dict, releases: list, configs: list, seeds: bool) -> str:
@@ -133,11 +138,14 @@ def render(results: dict, releases: list, configs: list, seeds: bool) -> str:
     lines += ["", "## Upstream fixes: the release before", "",
               "| fix | first release with it | release before | what racecheck reports there "
               "(cuda, eager / graphs) |", "| --- | --- | --- | --- |"]
+    from racecheck.scenarios.sglang.surface import OLDEST
     for fix, first in FIXES:
-        before = [v for v in releases if version_key(v) < version_key(first)]
+        before = [v for v in releases if version_key(v) < version_key(first)
+                  and version_key(v) >= version_key(OLDEST)]
         prev = before[-1] if before else None
         if prev is None:
-            lines.append(f"| {fix} | {first} | (not in the range run) | |")
+            lines.append(f"| {fix} | {first} | before {OLDEST}, the oldest release the front "
+                         "door runs | every release run has the fix |")
             continue
         seen = " / ".join(describe(results[(prev, c)]) for c in ("cuda-eager", "cuda-graphs")
                           if (prev, c) in results)
