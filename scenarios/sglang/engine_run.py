@@ -8,7 +8,7 @@ import warnings
 
 from . import surface
 from .requests import parse_arrivals, prompts
-from .server import VOCAB, Arrival, Shape, _patched, serve
+from .server import VOCAB, Arrival, Shape, patched, serve
 
 # What sglang reads from the environment, per run (restored afterwards). The plan stream and
 # spec v2 are server options sglang exposes as environment switches.
@@ -146,7 +146,7 @@ def _no_progress_bars():
     def quiet_init(self, *args, **kwargs):
         kwargs["disable"] = True
         init(self, *args, **kwargs)
-    with _patched(tqdm.std.tqdm, "__init__", quiet_init):
+    with patched(tqdm.std.tqdm, "__init__", quiet_init):
         yield
 
 
@@ -172,7 +172,7 @@ def _forward_delay(delay, us: int):
     def delayed_run_batch(scheduler, *args, **kwargs):
         delay(scheduler.forward_stream, us)
         return run_batch(scheduler, *args, **kwargs)
-    with _patched(Scheduler, name, delayed_run_batch):
+    with patched(Scheduler, name, delayed_run_batch):
         yield
 
 

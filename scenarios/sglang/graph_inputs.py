@@ -13,7 +13,7 @@ import contextlib
 import sys
 
 from . import surface
-from .server import _patched
+from .server import patched
 
 
 @contextlib.contextmanager
@@ -39,7 +39,7 @@ def declared_graph_inputs():
             if slot.padding_policy in keeps_tail and slot.name not in index_semantic:
                 racecheck.stale_tolerant(buffer)
         return out
-    with _patched(Registry, name, declaring_register_slot):
+    with patched(Registry, name, declaring_register_slot):
         yield
 
 
@@ -60,5 +60,5 @@ def padding_sites(sites):
                 and sites.visit("padding", f"padding({slot.name})", sys._getframe(1)):
             return None
         return reset_padding(slot, raw_n, padded_n)
-    with _patched(GraphSlot, name, reset_padding_site):
+    with patched(GraphSlot, name, reset_padding_site):
         yield

@@ -26,7 +26,7 @@ import sys
 import types
 
 from . import surface
-from .server import _patched
+from .server import patched
 
 FLAVOURS = ("cuda", "hip", "npu")
 WAR_BARRIER = {"cuda": True, "hip": False, "npu": False}
@@ -51,29 +51,29 @@ def flavour(name: str):
             mod = _module(modname)
             for flag in flags:
                 if mod is not None and flag in vars(mod):
-                    stack.enter_context(_patched(mod, flag, True))
+                    stack.enter_context(patched(mod, flag, True))
                     applied.append(f"{modname}.{flag}")
         for modname, calls in surface.PLATFORM_CALLS.get(name, {}).items():
             mod = _module(modname)
             for call in calls:
                 if mod is not None and call in vars(mod):
-                    stack.enter_context(_patched(mod, call, lambda: True))
+                    stack.enter_context(patched(mod, call, lambda: True))
                     applied.append(f"{modname}.{call}()")
         for touch in surface.TRITON_TREE:
             if touch.exists():
                 owner, flag = touch.owner_and_name()
-                stack.enter_context(_patched(owner, flag, True))
+                stack.enter_context(patched(owner, flag, True))
                 applied.append(touch.target)
         stack.enter_context(_greedy_verify_in_triton(applied))
         if surface.CAPABILITIES.exists() and surface.CAPABILITIES_TYPE.exists():
             owner, attr = surface.CAPABILITIES.owner_and_name()
             Caps = surface.CAPABILITIES_TYPE.get()
-            stack.enter_context(_patched(owner, attr, Caps(
+            stack.enter_context(patched(owner, attr, Caps(
                 supports_triton=True, graph_capture=True, piecewise_graph=True)))
             applied.append(surface.CAPABILITIES.target)
         if name == "npu":
             import torch
-            stack.enter_context(_patched(torch.Tensor, "is_cuda", property(lambda t: False)))
+            stack.enter_context(patched(torch.Tensor, "is_cuda", property(lambda t: False)))
         yield applied
 
 
@@ -96,7 +96,7 @@ def _greedy_verify_in_triton(applied: list):
             if mod is None:
                 mod = types.ModuleType(modname)
                 stack.enter_context(_in_sys_modules(modname, mod))
-            stack.enter_context(_patched(mod, "verify_tree_greedy", verify_tree_greedy))
+            stack.enter_context(patched(mod, "verify_tree_greedy", verify_tree_greedy))
             applied.append(f"{modname}.verify_tree_greedy -> Triton")
         yield
 

@@ -151,7 +151,10 @@ def make_request(arrival: Arrival, stop_token: int):
     sp = SamplingParams(max_new_tokens=arrival.max_new_tokens, temperature=0.0,
                         ignore_eos=True, stop_token_ids=[stop_token] if stop_token >= 0 else None)
     sp.normalize(None)
-    sp.verify(VOCAB) if "vocab_size" in inspect.signature(sp.verify).parameters else sp.verify()
+    if "vocab_size" in inspect.signature(sp.verify).parameters:      # releases differ
+        sp.verify(VOCAB)
+    else:
+        sp.verify()
     fields = getattr(Req, "__struct_fields__", None) or getattr(Req, "__dataclass_fields__", {})
     wants_array = "array" in str(getattr(Req, "__annotations__", {}).get("input_ids", ""))
     values = dict(rid=arrival.rid, input_text="",
@@ -188,14 +191,14 @@ class Feeder:
                 feeder.on_first = None
             return original(scheduler, list(recv_reqs) + feeder.arrivals(scheduler))
         process_input_requests.__wrapped__ = original
-        return _patched(Scheduler, "process_input_requests", process_input_requests)
+        return patched(Scheduler, "process_input_requests", process_input_requests)
 
     def arrivals(self, scheduler) -> list:
         k = self.step
         self.step += 1
         self.outputs.drain()
         if len(self.outputs.finished) >= self.total or k >= self.max_steps:
-            if not hasattr(scheduler, surface.GRACEFUL_EXIT.attr.rpartition(".")[2]):
+            if not hasattr(scheduler, "gracefully_exit"):           # surface.GRACEFUL_EXIT
                 raise _Stop()
             scheduler.gracefully_exit = True
             return []
@@ -223,7 +226,8 @@ TIMINGS: dict = {}
 
 
 @contextlib.contextmanager
-def _patched(owner, name, value):
+def patched(owner, name, value):
+    """`owner.name = value` for a block; the old value (or its absence) comes back after."""
     had = name in vars(owner)
     old = vars(owner).get(name)
     setattr(owner, name, value)
@@ -264,7 +268,7 @@ def _no_parent_signal():
 
     stand_in = types.SimpleNamespace(Process=lambda *a, **k: types.SimpleNamespace(
         parent=lambda: _Parent()))
-    with _patched(owner, name, stand_in):
+    with patched(owner, name, stand_in):
         yield
 
 
