@@ -59,6 +59,9 @@ class Shape:
     max_running: int = 8
     seed: int = 0
     page_size: int = 1
+    # further ServerArgs fields, as the launcher's flags would set them (a sibling scenario's
+    # engine options, e.g. the hierarchical cache's); applied last, checked like the rest
+    extra: dict = field(default_factory=dict)
 
 
 def server_args(shape: Shape):
@@ -84,6 +87,7 @@ def server_args(shape: Shape):
                   speculative_draft_model_path=os.path.join(MODEL_DIR, "draft"),
                   speculative_eagle_topk=shape.topk, speculative_num_steps=shape.steps,
                   speculative_num_draft_tokens=shape.draft_tokens)
+    kw.update(shape.extra)
     unknown = [k for k in kw if k not in accepted and k not in ("cuda_graph_max_bs_decode",
                                                                   "cuda_graph_max_bs")]
     if unknown:
