@@ -1,134 +1,154 @@
-"""Does the missing WAR edge corrupt shared-prefix KV on a GPU? (docs/FINDINGS.md)
+"""Does the missing WAR edge corrupt shared-prefix requests on a GPU? (docs/FINDINGS.md)
 
     python3 bench/gpu_prefix_reuse.py --bundle BUNDLE --out OUT [--runs N] [--delay-us US]
+    python3 bench/gpu_prefix_reuse.py --dry ...              # print the plan, run nothing
 
-The `sglang-eagle-v2` workload of the `rocm-prefix-reuse` variant (a short request ends on a
-stop token and rides one more forward; a long request with a 12-token cached prefix takes its
-req_to_token row at once; a later request shares that prefix), run N times uninstrumented per
-configuration, with the forward stream held back by a sleep kernel before each run_batch:
+The front door (sglang's own scheduler and event loop) on the `rocm-prefix-reuse` workload (a
+request finishes and its req_to_token row goes to a request with a 12-token cached prefix while
+the forward launched before may still read the row; later requests share that prefix), run N
+times without racecheck per configuration, the forward stream held back by a sleep kernel before
+each `run_batch` (`forward_delay_us`: the window a long forward opens):
 
-    control           cuda branches, WAR barrier on (upstream's CUDA build)
-    barrier off       cuda branches, `_apply_war_barrier` a no-op
-    rocm branches     hip flavour (upstream's ROCm build: no barrier unless SGLANG_ENABLE_WAR_BARRIER)
-    rocm + env fix    hip flavour with the barrier on (SGLANG_ENABLE_WAR_BARRIER=1)
-    barrier off, no delay
+    control               sglang-eagle-v2, cuda branches: the WAR barrier after every forward
+    rocm branches         the hip flavour as shipped: no barrier
+    rocm + env switch     the hip flavour with SGLANG_ENABLE_WAR_BARRIER=1
+    rocm, no delay        the hip flavour, forward not held
+    overlap control/rocm  sglang-overlap (no speculative decoding), the same workload
 
-Per run: whether the KV oracles saw writes in the shared prefix's slots (`prefix_overwrites`),
-corrupted cached KV (`radix_kv`), and whether any request's tokens differ from the control's
-first run without delay. One racecheck `cuda` run of the rocm configuration checks that the
-detector names the race on the GPU too. BUNDLE is as for bench/gpu_sglang.py. Writes
-OUT/gpu_prefix_reuse.json and prints a table.
+Per run: whether any request's tokens differ from the control's undelayed run. Then racecheck
+`cuda` runs: the rocm branches as shipped, and the cuda branches with the barrier's wait dropped
+(`drop_sync`, the `no-war_barrier` variant) and the forward held: findings and wrong values.
+Every run is one engine process (bench/gpu_sglang.py's `Runner`). BUNDLE is as for
+bench/gpu_sglang.py. Writes OUT/gpu_prefix_reuse.json and prints a table.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import subprocess
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+PREFIX_ARRIVALS = "0:1x6+14;3:1x8+3;8:1x4+14;12:1x4+14"     # scenarios/sglang PREFIX_REUSE
+EAGLE = {"topk": 1, "prefix_len": 12, "arrivals": PREFIX_ARRIVALS}
+OVERLAP = {"prefix_len": 12, "arrivals": PREFIX_ARRIVALS}
+SITE_WAR_BARRIER = "sglang.srt.managers.scheduler:Scheduler._apply_war_barrier:wait_stream#0"
+
+# (name, scenario, knob settings, forward held?)
 CONFIGS = [
-    ("control (cuda, barrier on)", {"flavour": "cuda"}, True),
-    ("barrier off (cuda branches)", {"flavour": "cuda", "war_barrier": "off"}, True),
-    ("rocm branches (no barrier)", {"flavour": "hip"}, True),
-    ("rocm + SGLANG_ENABLE_WAR_BARRIER", {"flavour": "hip", "war_barrier": "on"}, True),
-    ("barrier off, no delay", {"flavour": "cuda", "war_barrier": "off"}, False),
+    ("control (cuda, barrier on)", "sglang-eagle-v2", {"flavour": "cuda"}, True),
+    ("rocm branches (no barrier)", "sglang-eagle-v2", {"flavour": "hip"}, True),
+    ("rocm + SGLANG_ENABLE_WAR_BARRIER", "sglang-eagle-v2", {"flavour": "hip", "war_barrier": "on"},
+     True),
+    ("rocm branches, no delay", "sglang-eagle-v2", {"flavour": "hip"}, False),
+    ("overlap control (cuda)", "sglang-overlap", {"flavour": "cuda"}, True),
+    ("overlap rocm branches", "sglang-overlap", {"flavour": "hip"}, True),
+]
+# racecheck `cuda` runs: (name, scenario, settings, forward held?)
+CHECKED = [
+    ("racecheck: rocm branches", "sglang-eagle-v2", {"flavour": "hip"}, False),
+    ("racecheck: cuda, barrier's wait dropped, held", "sglang-eagle-v2",
+     {"flavour": "cuda", "drop_sync": SITE_WAR_BARRIER}, True),
+    ("racecheck: overlap, rocm branches", "sglang-overlap", {"flavour": "hip"}, False),
 ]
 
 
-def child(runs: int, delay_us: int, graphs: bool) -> dict:
-    import torch
+def _base(scenario: str, graphs: bool) -> dict:
+    return dict(EAGLE if scenario == "sglang-eagle-v2" else OVERLAP, graphs=graphs)
 
-    from racecheck import scenarios
-    from racecheck.scenarios.sglang import PREFIX_REUSE
 
-    sc = scenarios.get("sglang-eagle-v2")
-    base = dict(PREFIX_REUSE, graphs=graphs)
-    t0 = time.perf_counter()
-    reference = scenarios.run_plain(sc, sc.config(overrides=dict(base, flavour="cuda")),
-                                    device="cuda")
-    torch.cuda.synchronize()
-    out = {"delay_us": delay_us, "runs": runs, "graphs": graphs,
-           "reference": reference, "first_run_s": time.perf_counter() - t0,
-           "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "configs": []}
-    for name, sets, delayed in CONFIGS:
-        cfg = sc.config(overrides=dict(base, forward_delay_us=delay_us if delayed else 0, **sets))
-        row = {"name": name, "set": dict(sets, forward_delay_us=cfg["forward_delay_us"]),
-               "overwritten": 0, "corrupted": 0, "tokens_differ": 0, "examples": []}
-        try:
-            t0 = time.perf_counter()
-            for _ in range(runs):
-                got = scenarios.run_plain(sc, cfg, device="cuda")
-                hit = bool(got["prefix_overwrites"])
-                bad = bool(got["radix_kv"]["mismatched_slots"])
-                differ = got["output_ids"] != reference["output_ids"]
-                row["overwritten"] += hit
-                row["corrupted"] += bad
-                row["tokens_differ"] += differ
-                if (hit or bad or differ) and len(row["examples"]) < 2:
-                    row["examples"].append({k: got[k] for k in ("output_ids", "prefix_overwrites",
-                                                                "radix_kv")})
-            row["seconds_per_run"] = (time.perf_counter() - t0) / runs
-        except Exception as exc:
-            import traceback
-            row["error"] = f"{type(exc).__name__}: {exc}"
-            row["traceback"] = traceback.format_exc()[-3000:]
-        out["configs"].append(row)
-        print(json.dumps({k: v for k, v in row.items() if k != "examples"}), flush=True)
-    try:
-        res = scenarios.run(sc, sc.config(overrides=dict(base, flavour="hip")), device="cuda")
-        out["racecheck_rocm"] = {"findings": sorted({(f.rule, f.tensor) for f in res.findings}),
-                                 "internal_errors": [e.splitlines()[0] for e in res.internal_errors],
-                                 "seconds": res.seconds}
-    except Exception as exc:
-        out["racecheck_rocm"] = {"error": f"{type(exc).__name__}: {exc}"}
-    print(json.dumps(out["racecheck_rocm"]), flush=True)
+def plan(runs: int, delay_us: int, graphs: bool) -> list:
+    """[(kind, name, spec)] in run order: the references first, then N runs per configuration,
+    then the racecheck runs."""
+    out = [("reference", sc, {"scenario": sc, "mode": "plain",
+                              "set": dict(_base(sc, graphs), flavour="cuda")})
+           for sc in ("sglang-eagle-v2", "sglang-overlap")]
+    for name, sc, sets, held in CONFIGS:
+        spec = {"scenario": sc, "mode": "plain",
+                "set": dict(_base(sc, graphs), forward_delay_us=delay_us if held else 0, **sets)}
+        out.extend(("plain", name, spec) for _ in range(runs))
+    for name, sc, sets, held in CHECKED:
+        out.append(("racecheck", name, {"scenario": sc, "mode": "racecheck", "set": dict(
+            _base(sc, graphs), forward_delay_us=delay_us if held else 0, **sets)}))
     return out
 
 
 def table(data: dict) -> str:
     lines = [f"{data['gpu']}, torch {data['torch']}, {data['runs']} runs per configuration, "
              f"forward held {data['delay_us']} us before each run_batch, graphs "
-             f"{'on' if data['graphs'] else 'off'}",
-             "| configuration | prefix KV written | cached KV corrupted | tokens differ | s/run |",
-             "| --- | --- | --- | --- | --- |"]
+             f"{'on' if data['graphs'] else 'off'}, runs by {data['how']}",
+             "| configuration | tokens differ | errors | s/run |", "| --- | --- | --- | --- |"]
     for r in data["configs"]:
-        if "error" in r:
-            lines.append(f"| {r['name']} | error: {r['error']} | | | |")
-            continue
-        n = data["runs"]
-        lines.append(f"| {r['name']} | {r['overwritten']}/{n} | {r['corrupted']}/{n} | "
-                     f"{r['tokens_differ']}/{n} | {r['seconds_per_run']:.2f} |")
-    lines.append(f"racecheck cuda, rocm branches: {data.get('racecheck_rocm')}")
+        lines.append(f"| {r['name']} | {r['differ']}/{r['n']} | {r['errors'][:1]} | "
+                     f"{r.get('seconds_per_run', 0):.2f} |")
+    for r in data["checked"]:
+        lines.append(f"| {r['name']} | outputs differ: {r.get('differ')} | findings "
+                     f"{r.get('findings')} known {r.get('known')} {r.get('error', '')} | "
+                     f"{r.get('run_s', 0):.2f} |")
     return "\n".join(lines)
 
 
-def main() -> int:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--bundle", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--bundle", default=None)
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--delay-us", type=int, default=20_000)
     ap.add_argument("--graphs", action="store_true", help="decode graphs on (slower: capture)")
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    path = os.path.join(args.out, "gpu_prefix_reuse.json")
-    if args.child:
-        data = child(args.runs, args.delay_us, args.graphs)
-        with open(path, "w") as fh:
-            json.dump(data, fh, indent=1)
-        print(table(data))
+    ap.add_argument("--device", default="cuda", choices=("cuda", "sim"))
+    ap.add_argument("--no-fork", action="store_true")
+    ap.add_argument("--dry", action="store_true")
+    args = ap.parse_args(argv)
+    steps = plan(args.runs, args.delay_us, args.graphs)
+    if args.dry:
+        for kind, name, spec in steps:
+            print(f"{kind} {name}: {json.dumps(spec)}")
         return 0
-    from gpu_sglang import child_env, install
-    site = install(args.bundle)
+    from gpu_sglang import Runner, install
+    site = install(args.bundle) if args.bundle else None
+    runner = Runner(args.device, site, fork=not args.no_fork)   # keeps the racecheck it was given
+    import torch
+    data = {"delay_us": args.delay_us, "runs": args.runs, "graphs": args.graphs,
+            "how": runner.how, "torch": torch.__version__, "configs": [], "checked": [],
+            "gpu": torch.cuda.get_device_name() if args.device == "cuda" else "sim"}
+    refs, rows = {}, {}
+    for kind, name, spec in steps:
+        got = runner.run(spec)
+        brief = {k: got.get(k) for k in ("run_s", "findings", "error") if k in got}
+        print(f"@@ {kind} {name} {json.dumps(brief)[:400]}", flush=True)
+        if kind == "reference":
+            refs[name] = got.get("outputs")
+            data.setdefault("references", {})[name] = got.get("outputs") or got.get("error")
+            continue
+        ref = refs.get(spec["scenario"])
+        if kind == "plain":
+            row = rows.setdefault(name, {"name": name, "set": spec["set"], "n": 0, "differ": 0,
+                                         "errors": [], "examples": [], "seconds": 0.0})
+            if "error" in got:
+                row["errors"].append(got["error"])
+                continue
+            row["n"] += 1
+            row["seconds"] += got["run_s"]
+            if got["outputs"] != ref:
+                row["differ"] += 1
+                if len(row["examples"]) < 2:
+                    row["examples"].append(got["outputs"])
+        else:
+            data["checked"].append({"name": name, "set": spec["set"],
+                                    "differ": None if "error" in got else got["outputs"] != ref,
+                                    **{k: got.get(k) for k in ("findings", "known", "run_s",
+                                                               "internal_errors", "error",
+                                                               "details")}})
+    for row in rows.values():
+        if row["n"]:
+            row["seconds_per_run"] = row.pop("seconds") / row["n"]
+        data["configs"].append(row)
     os.makedirs(args.out, exist_ok=True)
-    env = child_env(site)                          # keeps the racecheck this process was given
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--bundle", args.bundle,
-           "--out", args.out, "--runs", str(args.runs), "--delay-us", str(args.delay_us)]
-    return subprocess.run(cmd + (["--graphs"] if args.graphs else []), env=env).returncode
+    with open(os.path.join(args.out, "gpu_prefix_reuse.json"), "w") as fh:
+        json.dump(data, fh, indent=1, default=str)
+    print(table(data))
+    return 0
 
 
 if __name__ == "__main__":

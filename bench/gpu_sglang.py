@@ -1,32 +1,60 @@
-"""The real sglang EAGLE v2 loop (`sglang-eagle-v2`) on a GPU: what runs, findings, overhead.
+"""The real sglang engine (the front door) on a GPU: what runs, findings, overhead.
 
-    python3 bench/gpu_sglang.py --bundle BUNDLE --out OUT [--runs N]
+    python3 bench/gpu_sglang.py --bundle BUNDLE --out OUT [--runs N] [--only NAME] [--profile]
+    python3 bench/gpu_sglang.py --device sim --out OUT --runs 1 --only "cuda, eager" --quick
+    python3 bench/gpu_sglang.py --dry ...                      # print the plan, run nothing
 
-BUNDLE holds what a machine without a package index needs: `sglang.tgz` (sglang's Python
-sources and its dist-info) and `wheels/` (its light dependencies). They are installed into
-BUNDLE/site, which is put on the path of a child process that runs, per configuration:
+sglang refuses a second `Scheduler` in one process, so every engine run here is one process:
+a child forked from a parent that imported sglang without touching CUDA (the import is paid
+once, a fork costs milliseconds), or, where the parent's import did initialize CUDA (a fork
+would then be unsafe), a fresh `python3 bench/gpu_sglang.py --one SPEC` per run.
 
-* the scenario under racecheck `cuda` (findings, seconds), and uninstrumented (seconds, outputs);
-* the outputs of N uninstrumented runs compared with the first (a race showing as wrong values).
+Per configuration (`CONFIGS`): one plain warm-up run (Triton compiles sglang's kernels for the
+GPU into its on-disk cache), then N rounds of
+  plain      the engine without racecheck;
+  nothing    the engine under a do-nothing TorchDispatchMode (the floor of any dispatch-level
+             tool);
+  racecheck  the engine under racecheck `cuda` (findings; the triaged upstream races apart);
+each run timed by the front door's own clock: construction (model load, pools, graph capture)
+apart from sglang's event loop, whose iterations (one `run_batch` each) are timed too: with
+graphs on, the loop is the steady state of graph replays. `--profile` adds one racecheck run
+per configuration under cProfile, its time split by component (racecheck's checker, its
+interception, sglang, torch, Triton).
 
-Writes OUT/gpu_sglang.json and prints a table.
+BUNDLE (a GPU machine without a package index): `sglang.txz` (or .tgz: sglang's Python sources
+and its dist-info) and `wheels/` (its light dependencies), installed into BUNDLE/site, which goes
+first on the path; the racecheck this process was given (PYTHONPATH, with its C code built)
+next; the source tree last. Writes OUT/gpu_sglang.json and prints a table.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tarfile
 import time
 
-CONFIGS = [
-    {"name": "cuda, graphs", "set": {"graphs": True, "flavour": "cuda"}},
-    {"name": "cuda, eager", "set": {"graphs": False, "flavour": "cuda"}},
-    {"name": "hip branches, graphs (no WAR barrier)", "set": {"graphs": True, "flavour": "hip"}},
-]
+HERE = os.path.dirname(os.path.abspath(__file__))
 
+CONFIGS = [
+    {"name": "cuda, eager", "scenario": "sglang-eagle-v2",
+     "set": {"graphs": False, "flavour": "cuda"}},
+    {"name": "cuda, graphs", "scenario": "sglang-eagle-v2",
+     "set": {"graphs": True, "flavour": "cuda"}},
+    {"name": "hip, graphs", "scenario": "sglang-eagle-v2",
+     "set": {"graphs": True, "flavour": "hip"}},
+    {"name": "overlap, graphs", "scenario": "sglang-overlap",
+     "set": {"graphs": True, "flavour": "cuda"}},
+]
+QUICK = {"arrivals": "0:1x2"}                  # --quick: one short request (sim checks)
+MODES = ("plain", "nothing", "racecheck")
+
+
+# -- the bundle -------------------------------------------------------------------------------
 
 def install(bundle: str) -> str:
     site = os.path.join(bundle, "site")
@@ -34,86 +62,329 @@ def install(bundle: str) -> str:
         return site
     os.makedirs(site, exist_ok=True)
     wheels = os.path.join(bundle, "wheels")
-    names = sorted({f.split("-")[0] for f in os.listdir(wheels) if f.endswith(".whl")})
+    found = sorted(os.path.join(wheels, f) for f in os.listdir(wheels) if f.endswith(".whl"))
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-                    "--find-links", wheels, "--target", site, *names], check=False)
-    with tarfile.open(os.path.join(bundle, "sglang.tgz")) as tf:
-        tf.extractall(site)
+                    "--no-compile", "--target", site, *found], check=False)
+    for name in ("sglang.txz", "sglang.tgz"):
+        path = os.path.join(bundle, name)
+        if os.path.exists(path):
+            with tarfile.open(path) as tf:
+                tf.extractall(site)
+            break
     return site
 
 
-def child_env(site: str) -> dict:
-    """The child's environment: the bundle first; then whatever racecheck this process was
+def child_env(site: str | None) -> dict:
+    """A child's environment: the bundle first; then whatever racecheck this process was
     given (an install with its C code built); the source tree last, as a fallback."""
     inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     return dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [site, *inherited, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]))
+        ([site] if site else []) + [*inherited, os.path.dirname(HERE)]))
 
 
-def child(configs: list, runs: int) -> list:
-    """In the process that has sglang on its path."""
+# -- one engine run (in its own process) ------------------------------------------------------
+
+class _Steps:
+    """Times each iteration of sglang's loop: a stamp at every `Scheduler.run_batch` call."""
+
+    def __init__(self):
+        self.stamps = []
+
+    @contextlib.contextmanager
+    def installed(self):
+        from racecheck.scenarios.sglang import surface
+        from racecheck.scenarios.sglang.server import patched
+        owner, name = surface.RUN_BATCH.owner_and_name()
+        run_batch = surface.RUN_BATCH.get()
+        stamps = self.stamps
+
+        def timed(scheduler, *args, **kwargs):
+            stamps.append(time.perf_counter())
+            return run_batch(scheduler, *args, **kwargs)
+        with patched(owner, name, timed):
+            yield
+
+    def summary(self) -> dict:
+        gaps = [b - a for a, b in zip(self.stamps, self.stamps[1:])]
+        late = gaps[len(gaps) // 2:]                 # the later half: decode, the steady state
+        return {"batches": len(self.stamps),
+                "step_median_ms": 1e3 * statistics.median(late) if late else None}
+
+
+def _noop_mode():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Nothing(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+    return Nothing()
+
+
+def one_run(spec: dict) -> dict:
+    """One engine run: spec = {scenario, set, mode, device, profile?}. Never raises."""
     import torch
 
     from racecheck import native, scenarios
+    from racecheck.scenarios.registry import RunContext, _instrumented, split_known
+    from racecheck.scenarios.sglang import server
+    out = {"mode": spec["mode"], "c_hot_path": native.speedups is not None,
+           "c_engine": native.engine is not None}
+    device = spec.get("device", "cuda")
+    try:
+        from racecheck.scenarios.sglang.engine_run import import_sglang
+        import_sglang(gpu=device != "sim")    # as a run imports it (a no-op once imported)
+        sc = scenarios.get(spec["scenario"])
+        cfg = sc.config(overrides=spec["set"])
+        steps = _Steps()
+        server.TIMINGS.clear()
+        profiler = None
+        t0 = time.perf_counter()
+        with steps.installed():
+            if spec["mode"] == "racecheck":
+                if spec.get("profile"):
+                    import cProfile
+                    profiler = cProfile.Profile()
+                    profiler.enable()
+                try:
+                    res = _instrumented(sc, cfg, device, 0, sc.session_options(cfg, device))
+                finally:
+                    if profiler is not None:
+                        profiler.disable()
+                outputs = res.outputs
+                new, known = split_known(sc, res.findings)
+                out["findings"] = sorted({f"{f.rule} {f.tensor}" for f in new})
+                out["known"] = sorted({f"{f.rule} {f.tensor}" for f in known})
+                out["details"] = [{"message": f.message(), "fix": f.suggestion}
+                                  for f in new[:4]]
+                out["internal_errors"] = [e.splitlines()[0] for e in res.internal_errors]
+                out["events"] = res.stats.get("events")
+            else:
+                ctx = RunContext(None, device if device != "sim" else "cpu", None,
+                                 pin=device != "sim")
+                mode = _noop_mode() if spec["mode"] == "nothing" else contextlib.nullcontext()
+                with mode:
+                    outputs = sc.run_once(cfg, ctx)
+        if device != "sim":
+            torch.cuda.synchronize()
+        out["run_s"] = time.perf_counter() - t0
+        out.update({k: server.TIMINGS.get(k) for k in ("construction", "loop", "iterations")})
+        out.update(steps.summary())
+        out["outputs"] = outputs
+        if profiler is not None:
+            out["profile"] = components(profiler)
+    except BaseException as exc:           # noqa: BLE001 - report what did not run, and why
+        import traceback
+        out["error"] = f"{type(exc).__name__}: {exc}"[:600]
+        out["traceback"] = traceback.format_exc()[-3000:]
+    return out
 
-    sc = scenarios.get("sglang-eagle-v2")
-    rows = []
+
+_COMPONENTS = [   # (component, substrings of a function's file path), first match wins
+    ("racecheck checker", ("racecheck/checker.py", "racecheck/engine.py", "racecheck/clocks.py",
+                           "racecheck/rules.py", "racecheck/shadow.py", "racecheck/recorder.py",
+                           "racecheck/findings.py", "racecheck/sourcenames.py",
+                           "racecheck/suppressions.py")),
+    ("racecheck interception", ("racecheck/instrumentation/", "/instrumentation/",
+                                "racecheck/session.py", "racecheck/native.py")),
+    ("racecheck other", ("racecheck/",)),
+    ("sglang", ("/sglang/",)),
+    ("triton", ("/triton/",)),
+    ("torch", ("/torch/",)),
+]
+
+
+def components(profiler) -> dict:
+    """Own time (tottime) per component, and the top functions."""
+    import pstats
+    stats = pstats.Stats(profiler)
+    split, top = {}, []
+    for (path, line, fn), (_cc, _nc, tt, _ct, _callers) in stats.stats.items():
+        comp = "built-ins and C" if path.startswith("~") or path.startswith("<") else "other"
+        for name, keys in _COMPONENTS:
+            if any(k in path for k in keys):
+                comp = name
+                break
+        split[comp] = split.get(comp, 0.0) + tt
+        top.append((tt, f"{os.path.basename(path)}:{line}({fn})", comp))
+    top.sort(reverse=True)
+    return {"seconds": {k: round(v, 4) for k, v in sorted(split.items(), key=lambda kv: -kv[1])},
+            "top": [{"s": round(t, 4), "fn": f, "component": c} for t, f, c in top[:25]]}
+
+
+# -- the parent: one process per run ----------------------------------------------------------
+
+class Runner:
+    """Runs `one_run` specs one engine per process: forked from this process when it imported
+    sglang without initializing CUDA, else a fresh interpreter per run."""
+
+    def __init__(self, device: str, site: str | None, fork: bool = True):
+        self.device = device
+        self.site = site
+        self.import_s = None
+        self.how = "subprocess"
+        self.runs = 0
+        self.fork_error = None
+        if fork and hasattr(os, "fork"):
+            t0 = time.perf_counter()
+            if site:
+                sys.path.insert(0, site)
+            os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # probe without init
+            from racecheck.scenarios.sglang.engine_run import import_sglang
+            import_sglang(gpu=device != "sim")
+            self.import_s = time.perf_counter() - t0
+            import torch
+            if device == "sim" or not torch.cuda.is_initialized():
+                self.how = "fork"
+
+    def run(self, spec: dict) -> dict:
+        spec = dict(spec, device=self.device)
+        t0 = time.perf_counter()
+        if self.how == "fork":
+            from racecheck.scenarios import fresh
+            try:
+                got = fresh.call(one_run, spec)
+            except Exception as exc:       # noqa: BLE001 - a child that died
+                got = {"mode": spec["mode"], "error": f"{type(exc).__name__}: {exc}"}
+            self.runs += 1
+            if self.runs == 1 and "error" in got and "cuda" in got["error"].lower():
+                # the parent's import left CUDA state a forked child cannot use: fresh
+                # interpreters from now on
+                self.fork_error = got["error"]
+                self.how = "subprocess"
+                return self.run(spec)
+        else:
+            p = subprocess.run([sys.executable, os.path.abspath(__file__), "--one",
+                                json.dumps(spec)], capture_output=True, text=True,
+                               env=child_env(self.site))
+            lines = [ln for ln in p.stdout.splitlines() if ln.startswith("@@run ")]
+            got = json.loads(lines[-1][6:]) if lines else {
+                "mode": spec["mode"], "error": f"exit {p.returncode}: {p.stderr[-1500:]}"}
+        got["process_s"] = time.perf_counter() - t0
+        return got
+
+
+def plan(configs: list, runs: int, profile: bool) -> list:
+    """[(config, spec)] in run order: a warm-up, then rounds of every mode, then profiles."""
+    out = []
     for c in configs:
-        row = {"name": c["name"], "set": c["set"], "c_hot_path": native.speedups is not None,
-               "c_engine": native.engine is not None}
-        try:
-            cfg = sc.config(overrides=c["set"])
-            t0 = time.perf_counter()
-            plain = scenarios.run_plain(sc, cfg, device="cuda")
-            torch.cuda.synchronize()
-            row["plain_first_s"] = time.perf_counter() - t0      # includes Triton compilation
-            t0 = time.perf_counter()
-            plain = scenarios.run_plain(sc, cfg, device="cuda")
-            torch.cuda.synchronize()
-            row["plain_s"] = time.perf_counter() - t0
-            res = scenarios.run(sc, cfg, device="cuda")
-            row["racecheck_s"] = res.seconds
-            row["findings"] = sorted({(f.rule, f.tensor) for f in res.findings})
-            row["details"] = [{"message": f.message(), "fix": f.suggestion,
-                               "current": list(f.current.stack), "previous": list(f.previous.stack)}
-                              for f in res.findings[:6]]
-            row["internal_errors"] = [e.splitlines()[0] for e in res.internal_errors]
-            row["outputs_equal_plain"] = res.outputs == plain
-            wrong = 0
-            for _ in range(runs):
-                if scenarios.run_plain(sc, cfg, device="cuda") != plain:
-                    wrong += 1
-            row["runs"] = runs
-            row["runs_differing"] = wrong
-        except Exception as exc:     # report what did not run, and why
-            import traceback
-            row["error"] = f"{type(exc).__name__}: {exc}"
-            row["traceback"] = traceback.format_exc()[-3000:]
-        rows.append(row)
-        print(json.dumps(row)[:400], flush=True)
-    return rows
+        base = {"scenario": c["scenario"], "set": c["set"]}
+        out.append((c, dict(base, mode="plain", warmup=True)))
+        for _ in range(runs):
+            out.extend((c, dict(base, mode=m)) for m in MODES)
+        if profile:
+            out.append((c, dict(base, mode="racecheck", profile=True)))
+    return out
 
 
-def main() -> int:
+def summarize(c: dict, rows: list) -> dict:
+    s = {"name": c["name"], "scenario": c["scenario"], "set": c["set"]}
+    warm = [r for r in rows if r.get("warmup")]
+    timed = [r for r in rows if not r.get("warmup") and not r.get("profile")]
+    reference = (warm[0] if warm else {}).get("outputs")
+    s["errors"] = sorted({r["error"] for r in rows if "error" in r})
+    for m in MODES:
+        ok = [r for r in timed if r["mode"] == m and "error" not in r]
+        if not ok:
+            continue
+        s[m] = {k: statistics.median(r[k] for r in ok)
+                for k in ("construction", "loop", "step_median_ms", "run_s") if ok[0].get(k)
+                is not None}
+        s[m]["n"] = len(ok)
+        s[m]["outputs_differ"] = sum(r["outputs"] != reference for r in ok)
+    rc = [r for r in timed if r["mode"] == "racecheck" and "error" not in r]
+    if rc:
+        s["findings"] = rc[0]["findings"]
+        s["known"] = rc[0]["known"]
+        s["events"] = rc[0].get("events")
+        s["c_hot_path"], s["c_engine"] = rc[0]["c_hot_path"], rc[0]["c_engine"]
+        s["internal_errors"] = rc[0]["internal_errors"]
+    prof = [r for r in rows if r.get("profile") and "profile" in r]
+    if prof:
+        s["profile"] = prof[0]["profile"]
+        s["profile_loop_s"] = prof[0].get("loop")
+    for m in ("nothing", "racecheck"):
+        if m in s and "plain" in s:
+            for k in ("loop", "step_median_ms", "construction"):
+                if s[m].get(k) and s["plain"].get(k):
+                    s[m][f"{k}_x"] = round(s[m][k] / s["plain"][k], 3)
+    return s
+
+
+def table(data: dict) -> str:
+    lines = [f"{data.get('gpu')}, torch {data.get('torch')}, sglang {data.get('sglang')}, "
+             f"{data['runs']} rounds, runs by {data['how']} (import {data.get('import_s')})",
+             "| configuration | mode | construction s | loop s | step ms | loop x | step x | "
+             "outputs differ |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for s in data["configs"]:
+        for m in MODES:
+            r = s.get(m)
+            if r is None:
+                continue
+            lines.append(f"| {s['name']} | {m} | {r.get('construction', 0):.2f} | "
+                         f"{r.get('loop', 0):.3f} | {r.get('step_median_ms') or 0:.2f} | "
+                         f"{r.get('loop_x', '')} | {r.get('step_median_ms_x', '')} | "
+                         f"{r['outputs_differ']}/{r['n']} |")
+        lines.append(f"|  {s['name']} | findings {s.get('findings')} known {s.get('known')} "
+                     f"events {s.get('events')} C {s.get('c_hot_path')}/{s.get('c_engine')} "
+                     f"errors {s['errors'][:2]} | | | | | | |")
+        if "profile" in s:
+            lines.append(f"|  {s['name']} | profile (loop {s.get('profile_loop_s')}) "
+                         f"{s['profile']['seconds']} | | | | | | |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--bundle", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--only", default=None, help="run only the configurations whose name has this")
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.child:
-        rows = child([c for c in CONFIGS if args.only is None or args.only in c["name"]], args.runs)
-        with open(os.path.join(args.out, "gpu_sglang.json"), "w") as fh:
-            json.dump({"configs": rows}, fh, indent=1)
+    ap.add_argument("--bundle", default=None)
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--only", default=None, help="configurations whose name has this")
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "sim"))
+    ap.add_argument("--quick", action="store_true", help="one short request per run")
+    ap.add_argument("--no-fork", action="store_true", help="a fresh interpreter per run")
+    ap.add_argument("--dry", action="store_true", help="print the run plan and stop")
+    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.one is not None:
+        print("@@run " + json.dumps(one_run(json.loads(args.one))), flush=True)
         return 0
-    site = install(args.bundle)
+    configs = [dict(c, set=dict(c["set"], **(QUICK if args.quick else {}))) for c in CONFIGS
+               if args.only is None or args.only in c["name"]]
+    steps = plan(configs, args.runs, args.profile)
+    if args.dry:
+        for c, spec in steps:
+            print(f"{c['name']}: {json.dumps(spec)}")
+        return 0
+    site = install(args.bundle) if args.bundle else None
+    runner = Runner(args.device, site, fork=not args.no_fork)
+    import torch
+    data = {"runs": args.runs, "how": runner.how, "import_s": runner.import_s,
+            "device": args.device, "torch": torch.__version__, "configs": [],
+            "gpu": torch.cuda.get_device_name() if args.device == "cuda" else "sim"}
+    with contextlib.suppress(Exception):
+        import importlib.metadata
+        data["sglang"] = importlib.metadata.version("sglang")
     os.makedirs(args.out, exist_ok=True)
-    env = child_env(site)
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--bundle",
-                           args.bundle, "--out", args.out, "--runs", str(args.runs)]
-                          + (["--only", args.only] if args.only else []), env=env)
-    return proc.returncode
+    rows: dict = {}
+    for c, spec in steps:
+        got = runner.run(spec)
+        got.update({k: spec[k] for k in ("warmup", "profile") if k in spec})
+        rows.setdefault(c["name"], []).append(got)
+        brief = {k: got.get(k) for k in ("mode", "construction", "loop", "step_median_ms",
+                                         "process_s", "findings", "error") if k in got}
+        print(f"@@ {c['name']} {json.dumps(brief)[:500]}", flush=True)
+        with open(os.path.join(args.out, "gpu_sglang.json"), "w") as fh:   # so far
+            json.dump(dict(data, raw=rows, how=runner.how, fork_error=runner.fork_error), fh,
+                      default=str)
+    for c in configs:
+        data["configs"].append(summarize(c, rows.get(c["name"], [])))
+    data["raw"] = rows
+    data["how"], data["fork_error"] = runner.how, runner.fork_error
+    with open(os.path.join(args.out, "gpu_sglang.json"), "w") as fh:
+        json.dump(data, fh, indent=1, default=str)
+    print(table(data))
+    return 0
 
 
 if __name__ == "__main__":

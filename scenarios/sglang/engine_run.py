@@ -21,6 +21,39 @@ _SIM_ENV = {
     # platform without the CUDA extension
     "SGLANG_FORCE_FUSED_OP_BACKEND": "torch",
 }
+# On a GPU: the same, but sglang's Triton kernels compile for the device
+_GPU_ENV = {k: v for k, v in _SIM_ENV.items() if k != "TRITON_INTERPRET"}
+
+
+@contextlib.contextmanager
+def gpu_platform_view():
+    """On a GPU, sglang sees the platform a CPU run shows it: its own probes (`is_cuda()` reads
+    `torch.version.cuda`, `is_hip()` `torch.version.hip`) say "not a CUDA/ROCm build" while it
+    imports and runs. It then takes the paths it takes on sim (its Triton kernels, on the GPU
+    now, and torch ops), not those that need its CUDA-only native packages (sgl_kernel,
+    flashinfer, the JIT kernels), which a GPU runner without sglang's CUDA wheels lacks; and the
+    platform branches racecheck models come from the flavour (`platform.py`), as on sim, with
+    the WAR barrier through sglang's own switch. torch itself reads these two only at CUDA
+    initialization (a capability warning) and in extension builds."""
+    import torch
+    old = (torch.version.cuda, torch.version.hip)
+    torch.version.cuda = torch.version.hip = None
+    try:
+        yield
+    finally:
+        torch.version.cuda, torch.version.hip = old
+
+
+def import_sglang(gpu: bool) -> None:
+    """Import sglang's scheduler as a run does (shims, environment, platform view): a caller that
+    times the import apart (bench/gpu_sglang.py) calls this before the run."""
+    from . import imports
+    imports.install()
+    with _environment(dict(_GPU_ENV if gpu else _SIM_ENV)), \
+            (gpu_platform_view() if gpu else contextlib.nullcontext()):
+        _import_quietly()
+
+
 
 
 def run_pipeline(cfg: dict, ctx) -> dict:
@@ -61,7 +94,7 @@ def _run(cfg: dict, rc, *, gpu: bool) -> dict:
                          "torch.cuda routing (their default)")
     from . import imports, platform
     imports.install()
-    env = dict(_SIM_ENV) if not gpu else {}
+    env = dict(_SIM_ENV) if not gpu else dict(_GPU_ENV)
     if cfg.get("speculative", True):
         # spec v2 is always on from 0.5.14 (surface.OLDEST is later); the plan streams are an
         # option every release has, off by default
@@ -71,6 +104,8 @@ def _run(cfg: dict, rc, *, gpu: bool) -> dict:
     env["SGLANG_ENABLE_WAR_BARRIER"] = "1" if war_barrier else None
     with contextlib.ExitStack() as stack:
         stack.enter_context(_environment(env))
+        if gpu:
+            stack.enter_context(gpu_platform_view())
         stack.enter_context(_no_progress_bars())
         stack.enter_context(warnings.catch_warnings())
         # Triton's interpreter evaluates masked-off lanes too (inf - inf in attention masks)

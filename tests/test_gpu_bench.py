@@ -1,0 +1,61 @@
+"""The GPU benches of the real engine (bench/gpu_sglang.py, bench/gpu_prefix_reuse.py): their run
+plans and summaries, without an engine run (`--device sim` runs them for real, slowly)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+sys.path.insert(0, BENCH)
+
+import gpu_prefix_reuse  # noqa: E402
+import gpu_sglang  # noqa: E402
+
+
+def test_plan_warms_up_then_interleaves_modes_then_profiles():
+    c = gpu_sglang.CONFIGS[0]
+    steps = [spec for _, spec in gpu_sglang.plan([c], runs=2, profile=True)]
+    assert steps[0] == dict(scenario=c["scenario"], set=c["set"], mode="plain", warmup=True)
+    assert [s["mode"] for s in steps[1:7]] == list(gpu_sglang.MODES) * 2
+    assert steps[-1].get("profile") and steps[-1]["mode"] == "racecheck"
+
+
+def test_every_config_is_one_engine_per_run_and_valid():
+    from racecheck import scenarios
+    for c in gpu_sglang.CONFIGS:
+        scenarios.get(c["scenario"]).config(overrides=c["set"])
+    for _, _, spec in gpu_prefix_reuse.plan(runs=1, delay_us=100, graphs=False):
+        scenarios.get(spec["scenario"]).config(overrides=spec["set"])
+
+
+def test_summary_ratios_and_differing_outputs():
+    c = gpu_sglang.CONFIGS[0]
+    out = {"output_ids": {"0": [1, 2]}}
+    rows = [dict(mode="plain", warmup=True, outputs=out, loop=9.0, construction=9.0)]
+    for m, loop in (("plain", 1.0), ("nothing", 1.5), ("racecheck", 2.0)):
+        rows.append(dict(mode=m, outputs=out if m != "nothing" else {"output_ids": {}},
+                         loop=loop, construction=1.0, step_median_ms=loop, run_s=loop,
+                         findings=[], known=[], c_hot_path=True, c_engine=True,
+                         internal_errors=[]))
+    s = gpu_sglang.summarize(c, rows)
+    assert s["racecheck"]["loop_x"] == 2.0 and s["nothing"]["loop_x"] == 1.5
+    assert s["nothing"]["outputs_differ"] == 1 and s["racecheck"]["outputs_differ"] == 0
+    assert "| cuda, eager | racecheck |" in gpu_sglang.table(
+        {"runs": 1, "how": "fork", "configs": [s]})
+
+
+@pytest.mark.parametrize("script", ["gpu_sglang.py", "gpu_prefix_reuse.py"])
+def test_dry_prints_the_plan(script):
+    p = subprocess.run([sys.executable, os.path.join(BENCH, script), "--dry", "--runs", "1"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "sglang-eagle-v2" in p.stdout
+
+
+def test_child_env_keeps_the_given_pythonpath(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", "/given/racecheck")
+    parts = gpu_sglang.child_env("/bundle/site")["PYTHONPATH"].split(os.pathsep)
+    assert parts[:2] == ["/bundle/site", "/given/racecheck"]
