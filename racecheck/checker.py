@@ -70,7 +70,7 @@ from dataclasses import replace
 from typing import NamedTuple
 
 from .clocks import join
-from .findings import Access, ContextEvent, FindingSet, Place, Race, describe
+from .findings import Access, ContextEvent, FindingSet, Place, Race, assign_groups, describe
 from .replay import RECIPES_KEPT, ReplayPlan, simulate, stable_form
 from .shadow import (StorageShadow, iv_add, iv_intersect, iv_normalize, iv_subtract,
                      iv_union)
@@ -346,14 +346,14 @@ class Checker:
     def findings(self) -> list:
         """Findings so far, as if the trace ended here (RC005 hazards still open included)."""
         if not self._frees_open and not self._stale_open:
-            return list(self.finding_set.items)
+            return assign_groups(self.finding_set.items)
         out = FindingSet(list(self.finding_set.items), set(self.finding_set._seen))
         for f in self._still_open():
             out.add(f)
         for hz in self._stale_open:
             if self._mutated_since(hz.into, hz.captured):
                 out.add(hz.finding)
-        return list(out.items)
+        return assign_groups(out.items)
 
     @property
     def events_processed(self) -> int:

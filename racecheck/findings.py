@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from . import rules
 from .rules import RULES  # noqa: F401  (re-exported: ids in table order)
@@ -58,6 +58,7 @@ class Finding:
     context: tuple = ()          # tuple[ContextEvent, ...], oldest first
     missing_edge: tuple = ()     # (from_timeline, to_timeline): the edge that would order the pair
     where: str = ""              # the bytes, in the tensor's units ("rows 0..11 of `x` (bytes 0..95 ...)")
+    group: str = field(default="", compare=False)   # root-cause group id (`assign_groups`)
 
     @property
     def streams(self) -> tuple:
@@ -77,14 +78,19 @@ class Finding:
 
     @property
     def group_key(self) -> tuple:
-        """What makes two findings one fix: the rule family, the code sites the fix goes to, the
-        missing edge and the fix itself with the tensor's name taken out (a fix that differs in
-        anything else, an event, rows, a host read or write, is another group)."""
-        return (_FAMILY.get(self.rule, self.rule), _by(self.current), _by(self.previous),
+        """What makes this finding one fix with others when judged alone: the rule family, the
+        code sites the fix goes to, the missing edge and the fix itself with the tensor's name
+        taken out (a fix that differs in anything else, an event, rows, a host read or write, is
+        another group). An RC005 fix goes where the tensor is freed, whatever used it last.
+        `assign_groups` refines this for ordering races, where one wait can cover pairs whose
+        sites differ."""
+        prev = "" if self.rule == "RC005" else _by(self.previous)
+        return (_FAMILY.get(self.rule, self.rule), _by(self.current), prev,
                 *self.missing_edge, _generic_fix(self.suggestion, self.tensor))
 
     def group_id(self) -> str:
-        return hashlib.sha256("|".join(self.group_key).encode()).hexdigest()[:16]
+        """The group set over the whole run (`assign_groups`), else this finding's own."""
+        return self.group or _hash(self.group_key)
 
     def message(self) -> str:
         return (f"{self.rule} {self.title} on `{self.tensor}`: {self.current.describe()}; "
@@ -107,7 +113,8 @@ class Finding:
         return cls(rule=d["rule"], tensor=d["tensor"], current=access(d["current"]),
                    previous=access(d["previous"]), suggestion=d["suggestion"],
                    detail=d.get("detail", ""), approx=d.get("approx", ""), context=ctx,
-                   missing_edge=tuple(d.get("missing_edge", ())), where=d.get("where", ""))
+                   missing_edge=tuple(d.get("missing_edge", ())), where=d.get("where", ""),
+                   group=d.get("group", ""))
 
 
 @dataclass
@@ -134,6 +141,16 @@ class FindingSet:
 
 # RC001..RC003 share one fix (order the current side after the previous one): one family
 _FAMILY = {"RC002": "RC001", "RC003": "RC001"}
+_ORDERING = {"RC001", "RC002", "RC003"}
+
+
+def rule_family(rule: str) -> str:
+    """The rule whose fix stands for this one's (RC002 and RC003 are fixed as RC001 is)."""
+    return _FAMILY.get(rule, rule)
+
+
+def _hash(key) -> str:
+    return hashlib.sha256("|".join(key).encode()).hexdigest()[:16]
 
 
 def _generic_fix(fix: str, tensor: str) -> str:
@@ -170,12 +187,69 @@ class FindingGroup:
         seqs = [f.current.seq for f in self.findings if f.current.seq >= 0]
         return min(seqs) if seqs else -1
 
+    @property
+    def suggestion(self) -> str:
+        """The one synchronization that fixes every finding of the group: for ordering races
+        whose sites differ, the wait goes after the last previous access and before the first
+        current one of the group; otherwise the first finding's fix."""
+        f = self.first
+        sites = _wait_sites(self.findings)
+        if sites is None or len({(_by(x.current), _by(x.previous)) for x in self.findings}) == 1:
+            return f.suggestion
+        return _race_fix(f.previous.stream, sites[0], f.current.stream, sites[1])
+
+
+def _wait_sites(findings):
+    """(after, before): the code sites between which one wait orders every pair, judged in the
+    first iteration the pairs occur (the trace's issue order); None when not ordering races."""
+    if not findings or any(f.rule not in _ORDERING or f.current.seq < 0 or f.previous.seq < 0
+                           for f in findings):
+        return None
+    first = min(findings, key=lambda f: f.current.seq)
+    stab = [f for f in findings if f.previous.seq < first.current.seq]
+    last = max(stab, key=lambda f: f.previous.seq)
+    return _by(last.previous), _by(first.current)
+
+
+def assign_groups(findings) -> list:
+    """The findings with their root-cause group set (those that carry one keep it).
+
+    Ordering races (RC001..RC003) between the same two timelines are one fix when a single wait
+    issued between them orders every pair: its previous accesses all issued before the wait,
+    its current ones after. Pairs are taken in issue order and cut into the fewest such sets
+    (greedy interval stabbing, earliest current access first); a set's id is its two sites, so
+    the same missing wait in every loop iteration is one group. Every other finding groups by
+    its own `group_key`."""
+    findings = list(findings)
+    todo: dict = {}
+    for i, f in enumerate(findings):
+        if f.group:
+            continue
+        if f.rule in _ORDERING and f.current.seq >= 0 and f.previous.seq >= 0:
+            todo.setdefault((f.previous.stream, f.current.stream), []).append(i)
+        else:
+            findings[i] = replace(f, group=_hash(f.group_key))
+    for (src, dst), idx in todo.items():
+        left = sorted(idx, key=lambda i: (findings[i].current.seq, i))
+        while left:
+            cut = findings[left[0]].current.seq
+            stab = [i for i in left if findings[i].previous.seq < cut]
+            if not stab:           # the earliest current access precedes its own previous one
+                stab = [left[0]]
+            after, before = _wait_sites([findings[i] for i in stab])
+            gid = _hash(("RC001", src, dst, after, before))
+            for i in stab:
+                findings[i] = replace(findings[i], group=gid)
+            left = [i for i in left if i not in stab]
+    return findings
+
 
 def group_findings(findings) -> list:
-    """Findings as root-cause groups, the one to fix first first: the earliest missing edge in
-    the trace, then the group covering most tensors (detection order breaks ties)."""
+    """Findings as root-cause groups (`assign_groups`), the one to fix first first: the earliest
+    missing edge in the trace, then the group covering most tensors (detection order breaks
+    ties)."""
     groups: dict = {}
-    for f in findings:
+    for f in assign_groups(findings):
         gid = f.group_id()
         g = groups.get(gid)
         if g is None:
@@ -190,7 +264,7 @@ def group_findings(findings) -> list:
 
 def group_of(findings) -> dict:
     """fingerprint -> group id, for reports that list findings one by one."""
-    return {f.fingerprint(): f.group_id() for f in findings}
+    return {f.fingerprint(): f.group_id() for f in assign_groups(findings)}
 
 
 # ---- the checker's structured conclusions, and their prose --------------------------------------
@@ -254,9 +328,12 @@ def _race_texts(r: Race):
     c, p = r.current, r.previous
     detail = (f"{r.place.where()}: the {c.kind} on `{c.stream}` is not ordered after the {p.kind} "
               f"on `{p.stream}` (no event wait, stream wait or host sync between them)")
-    fix = (f"record an event on `{p.stream}` after `{_by(p)}` and make `{c.stream}` wait on it "
-           f"before `{_by(c)}` ({c.stream}.wait_event(e)), or {c.stream}.wait_stream({p.stream})")
-    return detail, fix
+    return detail, _race_fix(p.stream, _by(p), c.stream, _by(c))
+
+
+def _race_fix(src: str, after: str, dst: str, before: str) -> str:
+    return (f"record an event on `{src}` after `{after}` and make `{dst}` wait on it "
+            f"before `{before}` ({dst}.wait_event(e)), or {dst}.wait_stream({src})")
 
 
 def _host_device_texts(r: Race):
@@ -356,4 +433,4 @@ def describe(r: Race) -> Finding:
 
 
 __all__ = ["Access", "ContextEvent", "Finding", "FindingGroup", "FindingSet", "Place", "Race",
-           "describe", "group_findings", "group_of"]
+           "assign_groups", "describe", "group_findings", "group_of", "rule_family"]

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
 from .errors import EXIT_CLEAN, EXIT_FINDINGS, UsageError
-from .findings import group_findings
+from .findings import assign_groups, group_findings
 
 BASELINE_FORMAT = "racecheck-baseline"
 BASELINE_VERSION = 1
@@ -101,7 +101,7 @@ def load_suppressions(path) -> list[Suppression]:
 
 def baseline_document(findings) -> dict:
     entries = {}
-    for f in findings:
+    for f in assign_groups(findings):
         cur, prev = f.current.location, f.previous.location
         entries[f.fingerprint()] = {"fingerprint": f.fingerprint(), "group": f.group_id(),
                                     "rule": f.rule, "tensor": f.tensor,
@@ -188,7 +188,7 @@ def filter_findings(findings, suppressions=None, baseline=None) -> GateResult:
     base = _as_baseline(baseline)
     used = set()
     res = GateResult()
-    findings = list(findings)
+    findings = assign_groups(findings)
     verdict = {}            # group id -> "suppressed" | "baselined" | "kept"
     for g in group_findings(findings):
         hits = {i for f in g.findings for i, s in enumerate(sups) if s.matches(f)}

@@ -85,18 +85,19 @@ def notes_text(f: Finding) -> Text | None:
     return t
 
 
-def suggestion_text(f: Finding) -> Text:
+def suggestion_text(f: Finding, fix: str | None = None) -> Text:
     t = Text("fix: ", style="bold green")
-    t.append(f.suggestion or "(no suggestion)")
+    t.append((fix if fix is not None else f.suggestion) or "(no suggestion)")
     if f.missing_edge and len(f.missing_edge) == 2:
         t.append(f"\nmissing edge: {f.missing_edge[0]} → {f.missing_edge[1]}", style="dim")
     return t
 
 
 def group_heading(g: FindingGroup) -> Text:
-    """`RC001 read-after-write on draft_token` or `RC001 read-after-write on 11 tensors`."""
+    """`RC001 read-after-write on draft_token` or `RC001 read-after-write on 11 tensors`; a
+    group of several ordering rules reads `RC001+RC002 unordered accesses on 5 tensors`."""
     t = Text()
-    names = "/".join(rules.get(r).name for r in g.rules)
+    names = rules.get(g.rules[0]).name if len(g.rules) == 1 else "unordered accesses"
     t.append("+".join(g.rules), style="bold red")
     t.append(f" {names}", style="bold")
     t.append(" on ")
@@ -152,7 +153,7 @@ def group_panel(g: FindingGroup, index: int | None = None) -> Panel:
         parts.append(tensors_text(g))
     parts.append(stack_text("current", f.current))
     parts.append(stack_text("previous", f.previous))
-    parts.append(suggestion_text(f))
+    parts.append(suggestion_text(f, g.suggestion))
     title = group_heading(g)
     if index is not None:
         title = Text(f"#{index} ").append_text(title)
@@ -239,7 +240,7 @@ def plain_text(findings) -> str:
             out.append(f"  tensors ({len(tensors)}):")
             for x in g.findings:
                 out.append(f"    {x.tensor}: {x.where or x.rule} [{x.fingerprint()}]")
-        out.append(f"  fix: {f.suggestion}")
+        out.append(f"  fix: {g.suggestion}")
         if f.missing_edge and len(f.missing_edge) == 2:
             out.append(f"  missing edge: {f.missing_edge[0]} -> {f.missing_edge[1]}")
         out.append("")

@@ -13,7 +13,7 @@ from importlib import resources
 import jsonschema
 
 from racecheck.errors import UsageError
-from racecheck.findings import Finding
+from racecheck.findings import Finding, assign_groups
 
 FORMAT = "racecheck-findings"
 VERSION = 1
@@ -36,7 +36,7 @@ def to_document(findings, meta: dict | None = None) -> dict:
         "format": FORMAT,
         "version": VERSION,
         "tool": tool_info(),
-        "findings": [f.to_json() for f in findings],
+        "findings": [f.to_json() for f in assign_groups(findings)],
         "meta": _jsonable(meta),
     }
 

@@ -109,7 +109,7 @@ def result(g, rule_index: dict, root=None, meta: dict | None = None, state: str 
         f"{len(tensors)} tensors (" + ", ".join(f"`{t}`" for t in tensors) + ")"
     text = (f"{f.rule} {rule_name(f.rule)} race on {on} {pair}. "
             f"The {cur.kind} by {cur.op} on {cur.stream} is unordered with the {prev.kind} by {prev.op} "
-            f"on {prev.stream}{' at ' + prev.location if prev.location else ''}. Fix: {f.suggestion}")
+            f"on {prev.stream}{' at ' + prev.location if prev.location else ''}. Fix: {g.suggestion}")
     res = {
         "ruleId": f.rule,
         "ruleIndex": rule_index[f.rule],
@@ -123,7 +123,7 @@ def result(g, rule_index: dict, root=None, meta: dict | None = None, state: str 
             "rules": g.rules,
             "fingerprints": [x.fingerprint() for x in g.findings],
             "streams": list(f.streams),
-            "suggestion": f.suggestion,
+            "suggestion": g.suggestion,
             "signature": list(f.signature),
         },
     }

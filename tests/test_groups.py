@@ -12,7 +12,7 @@ from rich.console import Console
 
 import racecheck
 from racecheck import scenarios
-from racecheck.findings import Access, Finding, group_findings
+from racecheck.findings import Access, Finding, assign_groups, group_findings
 from racecheck.reports import render
 from racecheck.reports.console import plain_text, render_text
 
@@ -24,11 +24,19 @@ def _side_write(dm, s, tensors):
 
 
 def _read(tensors):
-    return [t * 2 for t in tensors]
+    out = []
+    for t in tensors:
+        out.append(t * 2)
+    return out
 
 
 def _read_elsewhere(t):
     return t + 1
+
+
+def _write_b(dm, s, b):
+    with dm.stream(s):
+        b.add_(1)
 
 
 def _session_findings(program):
@@ -58,11 +66,12 @@ def test_one_edge_on_two_tensors_is_one_group():
     assert "on 2 tensors" in text and "`a`" in text and "`b`" in text
 
 
-def test_one_edge_on_two_tensors_at_other_sites_is_two_groups():
-    """The same missing edge, but the reads are in different functions: the wait goes in two
-    places, so two groups."""
+def test_one_wait_before_reads_at_other_sites_is_one_group():
+    """The same missing edge, the reads in different functions: one wait before the first read
+    orders both, so one group, and its fix names where that wait goes."""
     def program(dm, rc):
         s = dm.Stream()
+        rc.name_stream(s, "plan")
         a = racecheck.name(torch.zeros(8), "a")
         b = racecheck.name(torch.zeros(8), "b")
         dm.synchronize()
@@ -71,10 +80,50 @@ def test_one_edge_on_two_tensors_at_other_sites_is_two_groups():
         _read_elsewhere(b)
         dm.synchronize()
     found = _session_findings(program)
+    [g] = group_findings(found)
+    assert len(found) == 2 and g.tensors == ["a", "b"]
+    assert "after `_side_write`" in g.suggestion and "before `_read`" in g.suggestion
+    text = render_text(found, width=80)
+    assert "1 race, 2 findings" in text and text.count("╭─") == 1
+
+
+def test_pairs_one_wait_cannot_order_are_two_groups():
+    """a is written then read, then b is written then read: a wait before the first read comes
+    before b's write, so b needs a second wait (after `_write_b`, before `_read_elsewhere`)."""
+    def program(dm, rc):
+        s = dm.Stream()
+        rc.name_stream(s, "plan")
+        a = racecheck.name(torch.zeros(8), "a")
+        b = racecheck.name(torch.zeros(8), "b")
+        dm.synchronize()
+        _side_write(dm, s, [a])
+        _read([a])
+        _write_b(dm, s, b)
+        _read_elsewhere(b)
+        dm.synchronize()
+    found = _session_findings(program)
     groups = group_findings(found)
     assert len(found) == 2 and len(groups) == 2
-    assert {g.first.missing_edge for g in groups} == {found[0].missing_edge}
+    assert {g.first.missing_edge for g in groups} == {("plan", "default")}
+    assert "after `_write_b`" in groups[1].suggestion
+    assert "before `_read_elsewhere`" in groups[1].suggestion
     assert "2 races, 2 findings" in render_text(found)
+
+
+def test_one_missing_wait_per_iteration_is_one_group():
+    """A loop that misses the same wait every iteration: one group, whatever the count."""
+    def program(dm, rc):
+        s = dm.Stream()
+        for i in range(3):
+            t = racecheck.name(torch.zeros(8), f"x{i}")
+            dm.synchronize()
+            _side_write(dm, s, [t])
+            _read([t])
+        dm.synchronize()
+    found = _session_findings(program)
+    assert len(found) == 3
+    [g] = group_findings(found)
+    assert g.tensors == ["x0", "x1", "x2"]
 
 
 def test_two_missing_edges_on_one_tensor_are_two_groups():
@@ -135,16 +184,21 @@ def test_rule_family_and_fixes():
 
 def test_group_order_earliest_edge_then_size():
     late = [_pair("RC001", t, cur_loc="late.py:1", fn="late") for t in "abc"]
-    late = [replace(f, current=replace(f.current, seq=90)) for f in late]
+    late = [replace(f, current=replace(f.current, seq=90), previous=replace(f.previous, seq=80))
+            for f in late]
     early = _pair("RC001", "z", cur_loc="early.py:1", fn="early")
-    tie = [_pair("RC001", t, cur_loc="tie.py:1", fn="tie") for t in "uv"]
+    tie = [_pair("RC001", t, cur_loc="tie.py:1", fn="tie") for t in "uv"]      # another edge
+    tie = [replace(f, previous=replace(f.previous, stream="copy"), missing_edge=("copy", "forward"))
+           for f in tie]
     groups = group_findings([*late, *tie, early])
     assert [g.first.tensor for g in groups] == ["u", "z", "a"]      # seq 30 (2 tensors), 30, 90
 
 
 def test_reports_carry_the_group():
-    found = [_pair("RC001", t) for t in ("a", "b")] + [_pair("RC005", "c", fix="keep `c`")]
+    found = assign_groups([_pair("RC001", t) for t in ("a", "b")] +
+                          [_pair("RC005", "c", fix="keep `c`")])
     gid = found[0].group_id()
+    assert found[1].group_id() == gid != found[2].group_id()
     doc = json.loads(render("json", found))
     assert [d["group"] for d in doc["findings"]] == [gid, gid, found[2].group_id()]
     sarif = json.loads(render("sarif", found))["runs"][0]["results"]

@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 
 from racecheck.errors import UsageError
-from racecheck.findings import RULES, Access, ContextEvent, Finding
+from racecheck.findings import RULES, Access, ContextEvent, Finding, assign_groups
 from racecheck.reports import (FORMATS, load_findings, parse_report_spec, render, render_text,
                                write_reports)
 from racecheck.reports import json_report, perfetto, sarif
@@ -185,7 +185,7 @@ def test_sarif_valid_against_official_schema(findings):
     assert loc["region"]["startLine"] == 412
     rel = r0["relatedLocations"][0]["physicalLocation"]
     assert rel["region"]["startLine"] == 298
-    assert r0["partialFingerprints"]["racecheck/group/v1"] == findings[0].group_id()
+    assert r0["partialFingerprints"]["racecheck/group/v1"] == assign_groups(findings)[0].group_id()
     assert r0["properties"]["fingerprints"] == [findings[0].fingerprint()]
     assert len(r0["codeFlows"][0]["threadFlows"]) == 2
     assert run["automationDetails"]["id"] == "racecheck-sim/"

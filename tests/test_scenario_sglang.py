@@ -100,15 +100,14 @@ def test_run_cli_drop_sync_flags_the_seed_and_rejects_a_site_that_never_ran():
 
 
 def test_a_dropped_wait_groups_its_findings_and_names_every_temporary():
-    """The draft-extend join dropped: its findings group by fix (fewer panels than findings),
-    and temporaries carry the statement that made them, not "unnamed tensor". (Issue 27 asks
-    for one panel per missing edge; on the real engine the join's findings still make one group
-    per pair of code sites: 10 groups over 3 rule-family/edge pairs when measured.)"""
-    from racecheck.findings import group_findings
+    """The draft-extend join dropped: one panel per missing edge (rule family, the two
+    timelines), and temporaries carry the statement that made them, not "unnamed tensor"."""
+    from racecheck.findings import group_findings, rule_family
     site = "sglang.srt.speculative.eagle_worker_v2:EagleDraftWorker._draft_extend_for_decode:wait_stream#1"
     res = _run(graphs=False, drop_sync=site)
     assert res.race_findings, "dropping the join exposes races"
     groups = group_findings(res.race_findings)
-    assert len(groups) < len(res.race_findings)
-    assert {g.first.missing_edge for g in groups} >= {("plan_stream(draft)", "forward_stream")}
+    edges = {(rule_family(f.rule), *f.missing_edge) for f in res.race_findings}
+    assert len(groups) == len(edges) < len(res.race_findings)
+    assert ("RC001", "plan_stream(draft)", "forward_stream") in edges
     assert not [f.tensor for f in res.race_findings if "unnamed" in f.tensor]
