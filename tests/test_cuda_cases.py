@@ -114,3 +114,37 @@ def test_delay_before_producer_shows_the_race_as_a_wrong_value(ctx):
         assert ("RC001", "x") in {(f.rule, f.tensor) for f in rc.findings}
         assert not rc.internal_errors, rc.internal_errors
     assert stale >= 0.95 * runs, f"wrong values in {stale}/{runs} runs"
+
+
+def _make_on_side(s, n):
+    with torch.cuda.stream(s):
+        positions = torch.zeros(n, device="cuda")
+        positions.add_(1)
+    return positions
+
+
+def _consume_all(tensors):
+    out = []
+    for t in tensors:
+        out.append(t * 2)
+    return out
+
+
+def test_temporaries_named_by_their_statement_on_cuda():
+    """Issue 27's names for temporaries on the per-op path of a real GPU: the allocating
+    statement names the tensor, once for every iteration, exactly as on sim."""
+    def program():
+        s = torch.cuda.Stream()
+        torch.cuda.synchronize()
+        for n in (4, 8, 12):
+            _consume_all([_make_on_side(s, n)])
+        torch.cuda.synchronize()
+    program()                                   # warm-up outside the session
+    with racecheck.session(device="cuda") as rc:
+        program()
+    assert not rc.internal_errors, rc.internal_errors
+    rc001 = [f for f in rc.findings if f.rule == "RC001"]
+    assert rc001 and {f.tensor for f in rc001} == {"_make_on_side: positions"}
+    assert not any("unnamed" in f.tensor for f in rc.findings)
+    from racecheck.findings import group_findings
+    assert len(group_findings(rc001)) == 1
