@@ -37,6 +37,7 @@ CUDA_NAMES = (
     "mem_get_info", "empty_cache", "memory_allocated", "max_memory_allocated", "memory_reserved",
     "reset_peak_memory_stats", "is_current_stream_capturing", "graph_pool_handle",
     "is_initialized", "init", "_lazy_init", "device", "manual_seed", "manual_seed_all", "_sleep",
+    "cudart",
 )
 _CPU = torch.device("cpu")
 _CUDA0 = torch.device("cuda", 0)
@@ -105,8 +106,17 @@ class Router:
         if not on_device:
             self.registry.lookup(t, host=True)
             return t
+        # the data is host memory (a pageable staging tensor): the upload is a blocking H2D
+        # copy, which on a GPU synchronizes the host with the current stream (ATen's copy_ with
+        # non_blocking=False), so work issued afterwards on any stream is ordered after it
+        src = t
+        if self.registry.is_known_device(t):
+            from torch.utils._python_dispatch import _disable_current_modes
+            with _disable_current_modes():
+                src = t.clone()                # untraced: the staging copy is host work
+        self.registry.lookup(src, host=True)
         out = torch.empty_like(t, device="cuda")
-        out.copy_(t)         # through the dispatch mode: a device write on the current stream
+        out.copy_(src)       # through the dispatch mode: a Copy, then the host waits
         return out
 
 

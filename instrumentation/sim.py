@@ -266,6 +266,27 @@ class SimDeviceProperties:
         return f"_SimDeviceProperties(name={self.name!r}, major={self.major}, minor={self.minor})"
 
 
+class _SimCudart:
+    """The CUDA runtime calls on host memory, on sim. Host memory (CPU placements, pinned or
+    not) is already host memory in the model, so registering a range changes nothing the
+    checker sees: each call succeeds (0, cudaSuccess)."""
+
+    @staticmethod
+    def cudaHostRegister(ptr, size, flags=0) -> int:
+        return 0
+
+    @staticmethod
+    def cudaHostUnregister(ptr) -> int:
+        return 0
+
+    @staticmethod
+    def cudaGetErrorString(code) -> str:
+        return "cudaSuccess" if int(code) == 0 else f"cuda error {int(code)}"
+
+
+_SIM_CUDART = _SimCudart()
+
+
 class SimDeviceModule:
     """What `rc.device_module` returns on sim: the `torch.cuda` names, virtual underneath."""
 
@@ -359,6 +380,11 @@ class SimDeviceModule:
         """Device RNG state: sim ops draw from the CPU generator, which the program seeds itself."""
 
     manual_seed_all = manual_seed
+
+    def cudart(self):
+        """`torch.cuda.cudart()`: the runtime calls programs make on host memory themselves
+        (`cudaHostRegister` pins an existing host buffer, as HiCache's host pool does)."""
+        return _SIM_CUDART
 
     def _sleep(self, cycles: int) -> None:
         """`torch.cuda._sleep` look-alike: a delay on the current stream (adversarial executor only)."""
