@@ -175,9 +175,13 @@ PLATFORM_FLAGS = {
         "sglang.srt.speculative.eagle_worker_common": ("_is_npu",),
     },
 }
-# Platform probes called at run time, per flavour.
+# Platform probes called at run time, per flavour. On a GPU the process group's device is the
+# GPU (`GroupCoordinator.device`, through `is_cuda_alike()`), so graph capture's private stream
+# is a device stream; on a CPU runner it would be a CPU stream that no device work can be on.
+_CUDA_ALIKE = {"sglang.srt.distributed.parallel_state": ("is_cuda_alike",)}
 PLATFORM_CALLS = {
-    "hip": {"sglang.srt.model_executor.forward_batch_info": ("is_hip",)},
+    "cuda": dict(_CUDA_ALIKE),
+    "hip": {"sglang.srt.model_executor.forward_batch_info": ("is_hip",), **_CUDA_ALIKE},
     "npu": {"sglang.srt.speculative.eagle_worker_common": ("is_npu",),
             "sglang.srt.model_executor.input_buffers": ("is_npu",)},
 }
