@@ -40,7 +40,8 @@ PATH_ENV = "RACECHECK_SCENARIO_PATH"
 # name -> "module:attribute", the entry-point form (these ship inside racecheck)
 BUILTIN = {"eagle-v2": "racecheck.scenarios.eagle_v2:SCENARIO",
            "sglang-eagle-v2": "racecheck.scenarios.sglang:SCENARIO",
-           "sglang-overlap": "racecheck.scenarios.sglang:OVERLAP_SCENARIO"}
+           "sglang-overlap": "racecheck.scenarios.sglang:OVERLAP_SCENARIO",
+           "sglang-hicache": "racecheck.scenarios.sglang.hicache:SCENARIO"}
 
 _SCENARIOS: dict = {}          # name -> Scenario, every one loaded so far
 _paths_loaded: set = set()

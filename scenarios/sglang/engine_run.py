@@ -54,8 +54,6 @@ def import_sglang(gpu: bool) -> None:
         _import_quietly()
 
 
-
-
 def run_pipeline(cfg: dict, ctx) -> dict:
     """Under the caller's session (sim routing torch.cuda, or a real GPU); without one (the
     reference run) in a private sim session, or uninstrumented where a GPU is present."""
@@ -77,14 +75,15 @@ def shape_of(cfg: dict) -> Shape:
                  steps=cfg.get("steps", 3), draft_tokens=cfg.get("draft_tokens", 4),
                  graphs=cfg["graphs"], graph_bs=list(cfg["graph_bs"]),
                  max_running=max(max(cfg["graph_bs"]), sum(g.count for g in groups)),
-                 seed=cfg["seed"])
+                 seed=cfg["seed"], page_size=cfg.get("page_size", 1),
+                 extra=dict(cfg.get("server_args") or {}))
 
 
 def arrivals_of(cfg: dict) -> list:
     groups = parse_arrivals(cfg["arrivals"])
     return [Arrival(step, rid, prompt, new) for step, rid, prompt, new in
             prompts(groups, seed=cfg["seed"], shared_prefix=cfg["shared_prefix"], vocab=VOCAB,
-                    prefix_len=cfg["prefix_len"])]
+                    prefix_len=cfg["prefix_len"], families=cfg.get("families", 1))]
 
 
 def _run(cfg: dict, rc, *, gpu: bool) -> dict:
@@ -116,6 +115,10 @@ def _run(cfg: dict, rc, *, gpu: bool) -> dict:
         if missing:
             raise surface.mismatch(f"no {missing[0]}")
         stack.enter_context(platform.flavour(cfg["flavour"]))
+        hicache_on = bool((cfg.get("server_args") or {}).get("enable_hierarchical_cache"))
+        if hicache_on:
+            from . import hicache
+            stack.enter_context(hicache.stand_ins())
         if rc is not None:
             from .graph_inputs import declared_graph_inputs, padding_sites
             stack.enter_context(declared_graph_inputs())
@@ -127,6 +130,8 @@ def _run(cfg: dict, rc, *, gpu: bool) -> dict:
         def on_start(scheduler):
             if rc is not None:
                 name_streams(rc, scheduler)
+                if hicache_on:
+                    hicache.name_streams(rc, scheduler)
         outputs, _info = serve(shape_of(cfg), arrivals_of(cfg), max_steps=cfg["max_steps"],
                                stop_token=cfg["stop_token"], on_start=on_start)
     return {"output_ids": outputs}

@@ -53,14 +53,19 @@ def format_arrivals(groups) -> str:
                     for g in groups)
 
 
-def prompts(groups, *, seed: int, shared_prefix: bool, vocab: int, prefix_len: int = PREFIX_LEN):
-    """[(step, rid, prompt tokens, max_new_tokens)] in arrival order."""
+def prompts(groups, *, seed: int, shared_prefix: bool, vocab: int, prefix_len: int = PREFIX_LEN,
+            families: int = 1):
+    """[(step, rid, prompt tokens, max_new_tokens)] in arrival order. With `families` > 1 the
+    shared prefixes are that many (request i starts with family i mod `families`'s)."""
     rng = random.Random(seed)
     prefix = [rng.randrange(1, vocab) for _ in range(prefix_len)]
+    family_prefixes = [prefix] + [[rng.randrange(1, vocab) for _ in range(prefix_len)]
+                                  for _ in range(families - 1)]
     out = []
     for g in groups:
         for _ in range(g.count):
             n = min(prefix_len, g.prompt_len)
+            prefix = family_prefixes[len(out) % families]
             head = prefix[:n] if shared_prefix else [rng.randrange(1, vocab) for _ in range(n)]
             tail = [rng.randrange(1, vocab) for _ in range(g.prompt_len - n)]
             out.append((g.step, f"r{len(out)}", head + tail, g.max_new_tokens))

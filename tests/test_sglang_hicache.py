@@ -1,0 +1,93 @@
+"""sglang's hierarchical KV cache (HiCache) through the front door: `sglang-hicache`.
+
+The installed sglang with `enable_hierarchical_cache` on, under a device pool small enough that
+shared prefixes are backed up to the pinned host pool, evicted, and loaded back: as shipped it
+reports nothing but the triaged start-up race, the tokens equal those of a run whose prefixes
+never leave the device, and a dropped HiCache fence is flagged. The sim pieces it needs
+(`torch.cuda.cudart()`, `torch.tensor(..., device="cuda")` as a blocking upload) are tested
+without sglang. The engine runs need sglang and triton (scripts/setup.sh).
+"""
+import importlib.util
+
+import pytest
+
+from racecheck import scenarios
+
+needs_sglang = pytest.mark.skipif(
+    importlib.util.find_spec("sglang") is None or importlib.util.find_spec("triton") is None,
+    reason="needs sglang and racecheck[sglang,triton] (scripts/setup.sh); CI installs them")
+
+SC = "sglang-hicache"
+LOAD_FENCE = "sglang.srt.managers.cache_controller:HiCacheController.start_loading:wait_stream#0"
+WRITE_FENCE = "sglang.srt.managers.cache_controller:HiCacheController.start_writing:wait_stream#0"
+
+
+def _run(variant=None, **overrides):
+    sc = scenarios.get(SC)
+    res = scenarios.run(sc, sc.config(variant=variant, overrides=overrides), device="sim")
+    assert not res.internal_errors, res.internal_errors
+    return res
+
+
+# -- sim: what the host pool needs, without sglang ------------------------------------------------
+
+def test_a_tensor_made_on_the_device_from_host_data_is_a_blocking_upload():
+    """torch.tensor(data, device="cuda") copies from pageable host memory and the host waits
+    (ATen's copy_ with non_blocking=False synchronizes the stream): a later stream's read of it
+    is ordered."""
+    import torch
+
+    import racecheck
+    with racecheck.session(device="sim", route_cuda=True) as rc:
+        side = torch.cuda.Stream()
+        table = torch.tensor([1, 2, 3], device="cuda")
+        with torch.cuda.stream(side):
+            table * 2
+    assert rc.findings == []
+
+
+def test_cudart_host_register_succeeds_on_sim():
+    import torch
+
+    import racecheck
+    with racecheck.session(device="sim", route_cuda=True):
+        host = torch.empty(16)
+        cudart = torch.cuda.cudart()
+        assert int(cudart.cudaHostRegister(host.data_ptr(), 64, 0)) == 0
+        assert int(cudart.cudaHostUnregister(host.data_ptr())) == 0
+
+
+def test_the_scenario_is_listed_with_its_knobs():
+    sc = scenarios.get(SC)
+    for knob in ("write_policy", "speculative", "graphs", "device_tokens", "host_ratio",
+                 "layout", "io_backend", "families"):
+        assert knob in sc.knobs
+    cfg = sc.config()
+    assert cfg["write_policy"] == "write_through"          # sglang's default
+    ref = sc.reference_config(cfg)
+    assert ref["device_tokens"] > cfg["device_tokens"]    # the reference evicts nothing
+
+
+# -- the real engine ---------------------------------------------------------------------------
+
+@needs_sglang
+@pytest.mark.parametrize("policy", ["write_through", "write_back", "write_through_selective"])
+def test_as_shipped_is_clean_and_kv_comes_back_from_host(policy):
+    res = _run(write_policy=policy)
+    assert res.findings == [], "\n".join(f.message() for f in res.findings)
+    # the tokens equal those of the run whose prefixes never left the device
+    assert res.diff_ok, res.diff_detail
+    moved = res.outputs["hicache"]
+    assert moved["device_to_host"] > 0 and moved["host_to_device"] > 0, moved
+    # only the triaged start-up race (FutureMap, built after the host pool's blocking uploads)
+    assert res.known and all(f.tensor.startswith("FutureMap.") for f in res.known)
+
+
+@needs_sglang
+def test_the_load_fence_is_necessary():
+    """Without the host_to_device stream's wait on the forward stream (start_loading), the
+    load-back writes device KV rows a forward launched earlier still reads or writes."""
+    res = _run(drop_sync=LOAD_FENCE)
+    assert not res.unmatched_drops
+    got = res.signature()
+    assert any(t.endswith(("k_buffer", "v_buffer")) or "KV" in t for _, t in got), sorted(got)
