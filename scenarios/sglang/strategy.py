@@ -3,12 +3,36 @@ shape, feature knobs.
 
 Every example draws a request schedule (`arrivals`), unless the user fixed it; an exploring
 example also draws the spec shape (topk/steps/draft tokens; EAGLE only), radix-cache prefix
-sharing and the decode graph buckets. `graphs` and `seed` are drawn
-from their types by the generic strategy (so a variant's `graphs=on` stays). The platform
-flavour is never drawn: it stays the user's (`--set flavour=npu`, default cuda), because the hip
-and npu flavours of sglang have known races (docs/FINDINGS.md) that an as-shipped cuda
-run must not report; fuzz each flavour as its own target. `max_steps` stays at its default: the
-loop ends when every request has finished; the cap only guards against a loop that never does.
+sharing and the decode graph buckets. `graphs`, `plan_stream`, `war_barrier`, `prefix_len`,
+`stop_token`, `forward_delay_us` and `seed` are drawn from their types by the generic strategy
+(so a variant's `graphs=on` stays).
+
+As shipped means as shipped. Without `--variant` or `--drop-sync` the search draws only
+configurations some sglang build runs (`SHIPPED` says, per knob, which sglang setting it is and
+why each value is one a release ships; checked against sglang 0.5.16-0.5.23, the releases the
+front door runs). A setting that takes away a synchronization sglang ships is not a knob value
+at all: removing the WAR barrier is the drop-sync variant `no-war_barrier` (the knob's values are
+`auto` and `on`), a padding write is a dropped site (`graph_inputs.padding_sites`), and a site is
+dropped only by `--drop-sync`, `--set drop_sync=...` or a variant. In particular:
+
+- `plan_stream=off` is what every release runs by default (`SGLANG_ENABLE_OVERLAP_PLAN_STREAM`
+  is an `EnvBool(False)` in 0.5.4-0.5.23, docs/SGLANG_RELEASES.md), and `on` is the option every
+  release reads: both are drawn. Off moves the verify and draft-extend preparation onto the
+  forward stream, where it needs no cross-stream wait; the seeds live on the plan stream, which
+  is why the knob's default is on.
+- `war_barrier=on` sets sglang's own switch `SGLANG_ENABLE_WAR_BARRIER` (0.5.14 on), which adds
+  the barrier where sglang's default (`is_cuda()`) leaves it out (ROCm, Ascend); on cuda it is
+  the default. No value removes it.
+- `graphs=off` is `--disable-cuda-graph`, `graph_bs` is `--cuda-graph-bs`, the spec shape is
+  `--speculative-eagle-topk/num-steps/num-draft-tokens` within what sglang accepts.
+- `forward_delay_us` is no setting: it holds the forward stream (a sleep), which changes timing
+  and never removes an edge.
+
+The platform flavour is never drawn: it stays the runner's (`--set flavour=hip` on AMD runners,
+`npu` on Ascend, default cuda), because the hip and npu flavours of sglang have known races
+(docs/FINDINGS.md) that an as-shipped cuda run must not report; fuzz each flavour as its own
+target (ci/nightly-fuzz does). `max_steps` stays at its default: the loop ends when every request
+has finished; the cap only guards against a loop that never does.
 
 Bounds (one run of the real engine costs seconds on a CPU, the serialized reference run as
 much again): at most 4 request groups, joining at loop steps 0..6, of 1..6 requests each (counts
@@ -23,6 +47,28 @@ from hypothesis import strategies as st
 
 from ..serving import batch_sizes, spec_params
 from .requests import DEFAULT_PROMPT_LEN, PREFIX_LEN, Group, format_arrivals
+
+# Every knob the as-shipped search may vary, and the sglang configuration it stands for: each
+# value drawn is one some sglang build runs (tests/test_sglang_as_shipped.py draws many examples
+# and checks it). A knob added to the scenarios must be classified here or in HELD.
+SHIPPED = {
+    "arrivals": "the traffic: requests arriving at loop steps (TokenizedGenerateReqInput)",
+    "shared_prefix": "the traffic: prompts sharing a prefix (radix-cache hits)",
+    "prefix_len": "the traffic: the shared prefix's length",
+    "stop_token": "a sampling parameter (stop_token_ids)",
+    "seed": "the prompts and the dummy weights (load_format=dummy, random_seed)",
+    "graphs": "CUDA graphs on, or --disable-cuda-graph",
+    "graph_bs": "--cuda-graph-bs (cuda_graph_bs_decode in later releases)",
+    "topk": "--speculative-eagle-topk",
+    "steps": "--speculative-num-steps",
+    "draft_tokens": "--speculative-num-draft-tokens (>= steps + 1, as sglang's tree verify needs)",
+    "plan_stream": "SGLANG_ENABLE_OVERLAP_PLAN_STREAM: off is every release's default, on its option",
+    "war_barrier": "auto: sglang's own default per platform; on: SGLANG_ENABLE_WAR_BARRIER=1 (adds it)",
+    "forward_delay_us": "no setting: a hold on the forward stream before run_batch (timing only)",
+}
+# Knobs every example keeps at the user's value (or the default): the platform is the runner's,
+# the step cap only guards the loop, and dropped sites come only from --drop-sync or a variant.
+HELD = ("flavour", "max_steps", "drop_sync")
 
 MAX_GROUPS = 4
 MAX_PER_GROUP = 6
