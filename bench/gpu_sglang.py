@@ -213,6 +213,34 @@ def components(profiler) -> dict:
 
 # -- the parent: one process per run ----------------------------------------------------------
 
+@contextlib.contextmanager
+def _name_without_cuda_init(torch, device: str):
+    """sglang's platform discovery asks for the device's name at import
+    (`torch.cuda.get_device_name`), which initializes CUDA, after which a forked child cannot
+    use the GPU: in the parent, the name comes from NVML instead (no CUDA context)."""
+    if device == "sim":
+        yield
+        return
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+    except Exception:                       # noqa: BLE001 - no NVML: CUDA is initialized
+        yield
+        return
+
+    def name(dev=None):
+        index = getattr(dev, "index", dev)
+        handle = pynvml.nvmlDeviceGetHandleByIndex(int(index or 0))
+        got = pynvml.nvmlDeviceGetName(handle)
+        return got.decode() if isinstance(got, bytes) else got
+    original = torch.cuda.get_device_name
+    torch.cuda.get_device_name = name
+    try:
+        yield
+    finally:
+        torch.cuda.get_device_name = original
+
+
 class Runner:
     """Runs `one_run` specs one engine per process: forked from this process when it imported
     sglang without initializing CUDA, else a fresh interpreter per run."""
@@ -229,10 +257,12 @@ class Runner:
             if site:
                 sys.path.insert(0, site)
             os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # probe without init
-            from racecheck.scenarios.sglang.engine_run import import_sglang
-            import_sglang(gpu=device != "sim")
-            self.import_s = time.perf_counter() - t0
             import torch
+
+            from racecheck.scenarios.sglang.engine_run import import_sglang
+            with _name_without_cuda_init(torch, device):
+                import_sglang(gpu=device != "sim")
+            self.import_s = time.perf_counter() - t0
             if device == "sim" or not torch.cuda.is_initialized():
                 self.how = "fork"
 
@@ -263,14 +293,14 @@ class Runner:
         return got
 
 
-def plan(configs: list, runs: int, profile: bool) -> list:
+def plan(configs: list, runs: int, profile: bool, modes=MODES) -> list:
     """[(config, spec)] in run order: a warm-up, then rounds of every mode, then profiles."""
     out = []
     for c in configs:
         base = {"scenario": c["scenario"], "set": c["set"]}
         out.append((c, dict(base, mode="plain", warmup=True)))
         for _ in range(runs):
-            out.extend((c, dict(base, mode=m)) for m in MODES)
+            out.extend((c, dict(base, mode=m)) for m in modes)
         if profile:
             out.append((c, dict(base, mode="racecheck", profile=True)))
     return out
@@ -340,6 +370,7 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--only", default=None, help="configurations whose name has this")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--modes", default=",".join(MODES), help="of plain,nothing,racecheck")
     ap.add_argument("--device", default="cuda", choices=("cuda", "sim"))
     ap.add_argument("--quick", action="store_true", help="one short request per run")
     ap.add_argument("--no-fork", action="store_true", help="a fresh interpreter per run")
@@ -351,7 +382,7 @@ def main(argv=None) -> int:
         return 0
     configs = [dict(c, set=dict(c["set"], **(QUICK if args.quick else {}))) for c in CONFIGS
                if args.only is None or args.only in c["name"]]
-    steps = plan(configs, args.runs, args.profile)
+    steps = plan(configs, args.runs, args.profile, tuple(args.modes.split(",")))
     if args.dry:
         for c, spec in steps:
             print(f"{c['name']}: {json.dumps(spec)}")

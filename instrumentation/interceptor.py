@@ -208,14 +208,16 @@ class Interceptor(TorchDispatchMode):
 
     def _host_factory(self, plan, oc):
         """On a GPU backend a factory placed on the CPU (`torch.full(..., device="cpu")`, or no
-        device with a CPU default) runs on the host: host work, not a kernel on a stream."""
+        device) runs on the host: host work, not a kernel on a stream. No device at dispatch
+        means the CPU, exactly: `torch.set_default_device` and `with torch.device(...)` act at
+        the torch-function level and fill in `device` before the op reaches dispatch, and a
+        factory called from C++ without one allocates on the CPU (no per-op
+        `torch.get_default_device()`, a Python function-mode walk)."""
         kernel = self._kernel
 
         def plan_factory(func, args, kwargs):
             d = kwargs.get("device")
-            if d is None:
-                d = torch.get_default_device()
-            if getattr(d, "type", d) == "cpu" and not kwargs.get("pin_memory"):
+            if (d is None or getattr(d, "type", d) == "cpu") and not kwargs.get("pin_memory"):
                 return kernel(func, args, kwargs, oc, place=HOST)
             return plan(func, args, kwargs)
         return plan_factory
