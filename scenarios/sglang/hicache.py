@@ -32,9 +32,11 @@ DEVICE_MODULE_OWNERS = ("sglang.srt.mem_cache.l2_transfer", "sglang.srt.managers
 
 L2_STREAMS = (
     ("device_to_host_stream", ("tree_cache.cache_controller.l2_transfer_engine."
-                               "device_to_host_stream",)),
+                               "device_to_host_stream",
+                               "tree_cache.cache_controller.write_stream")),  # before l2_transfer
     ("host_to_device_stream", ("tree_cache.cache_controller.l2_transfer_engine."
-                               "host_to_device_stream",)),
+                               "host_to_device_stream",
+                               "tree_cache.cache_controller.load_stream")),
 )
 
 
@@ -59,10 +61,14 @@ def _caller_tensors() -> dict:
     its per-layer host views), for the pointer-table ops."""
     frame = sys._getframe(2)
     pool = frame.f_locals.get("self")
+    device_pool = frame.f_locals.get("device_pool")       # releases before 0.5.19 or so
     out = {}
-    for name in ("device_k_buffers", "device_v_buffers", "k_data_refs", "v_data_refs"):
-        for t in getattr(pool, name, None) or ():
-            out.setdefault(t.data_ptr(), t)
+    for owner, names in ((pool, ("device_k_buffers", "device_v_buffers", "k_data_refs",
+                                 "v_data_refs")),
+                         (device_pool, ("k_buffer", "v_buffer"))):
+        for name in names:
+            for t in getattr(owner, name, None) or ():
+                out.setdefault(t.data_ptr(), t)
     return out
 
 
@@ -132,7 +138,10 @@ def stand_ins():
                 stack.enter_context(patched(mod, "device_module", device_module))
         mha = importlib.import_module(MHA_HOST)
         for name, fn in KVCACHEIO.items():
-            if not callable(vars(mha).get(name)):
+            bound = vars(mha).get(name)
+            # absent (the module imports the ops only on CUDA/HIP), or a name of the stood-in
+            # sgl_kernel package (imports.py), which raises when called
+            if bound is None or type(bound).__name__ == "_Missing":
                 stack.enter_context(patched(mha, name, fn))
         yield
 
@@ -154,6 +163,8 @@ def name_streams(rc, scheduler) -> None:
 # device pool of 48 tokens: each family's prefix is backed up to host, evicted from the device
 # by the next families' requests, and loaded back when its family comes round again.
 DEFAULT_ARRIVALS = "0:1x3+16;2:1x3+16;4:1x3+16;6:1x3+16;8:1x3+16;10:1x3+16"
+# write_through_selective backs a prefix up on its second hit: each family comes three times
+SELECTIVE_ARRIVALS = ";".join(f"{2 * i}:1x3+16" for i in range(9))
 # the reference keeps every prefix on the device (HiCache on, no eviction): loads from host
 # there are none, so the tokens of the two runs agree only if what came back is what was written
 REFERENCE_DEVICE_TOKENS = 2048
@@ -182,7 +193,10 @@ def _knobs():
         Knob("families", 3, "int", "prompt families (request i shares family i mod N's prefix)",
              minimum=1, maximum=8),
     ]
-    changed = {"arrivals": DEFAULT_ARRIVALS, "prefix_len": 12, "graphs": False}
+    # with EAGLE a request waits for device memory longer (the draft's KV too): the cap on loop
+    # iterations is only a guard, the loop ends when every request finished
+    changed = {"arrivals": DEFAULT_ARRIVALS, "prefix_len": 12, "graphs": False,
+               "max_steps": 300}
     out = []
     for k in _SCHEDULE_KNOBS:
         if k.name in changed:
