@@ -91,3 +91,28 @@ def test_the_load_fence_is_necessary():
     assert not res.unmatched_drops
     got = res.signature()
     assert any(t.endswith(("k_buffer", "v_buffer")) or "KV" in t for _, t in got), sorted(got)
+
+
+def test_the_fuzzer_draws_hicache_configurations_sglang_ships():
+    from hypothesis import given, settings
+
+    from racecheck.scenarios.sglang import hicache
+    sc = scenarios.get(SC)
+    seen = set()
+
+    @settings(max_examples=30, database=None, deadline=None)
+    @given(sc.strategy({}, True))
+    def check(example):
+        assert set(example) <= set(hicache.HICACHE_SHIPPED), example
+        sc.config(overrides=example)                      # every draw is a valid configuration
+        seen.add(example.get("write_policy", "write_through"))
+    check()
+    assert len(seen) >= 2
+    # a fixed knob is never drawn
+    fixed = sc.strategy({"write_policy": "write_back"}, True)
+
+    @settings(max_examples=10, database=None, deadline=None)
+    @given(fixed)
+    def keeps(example):
+        assert "write_policy" not in example
+    keeps()

@@ -268,11 +268,65 @@ def _counting_transfers():
         yield
 
 
+# What `racecheck fuzz sglang-hicache` draws (every value a ServerArgs setting sglang ships, or
+# the traffic): the write policy, the host layout, the device pool and the host ratio, prompt
+# families and a schedule of requests that come back to their family's prefix, and, exploring,
+# graphs and EAGLE. The device pool stays >= 40 tokens: one request of the drawn shapes (a 16-
+# token prompt, up to 4 new tokens, EAGLE's drafts) always fits.
+DEVICE_TOKENS = (40, 48, 64, 96)
+# each drawn knob and the sglang setting it is (as shipped means as shipped: none removes a
+# synchronization sglang makes)
+HICACHE_SHIPPED = {
+    "write_policy": "--hicache-write-policy",
+    "layout": "--hicache-mem-layout (page_first, sglang's default; layer_first)",
+    "io_backend": "--hicache-io-backend (not drawn: kernel, the default)",
+    "device_tokens": "--max-total-tokens",
+    "host_ratio": "--hicache-ratio",
+    "families": "the traffic: how many prompt prefixes requests share",
+    "arrivals": "the traffic: one request every GAP loop steps, returning to its family",
+    "graphs": "CUDA graphs on, or --disable-cuda-graph",
+    "speculative": "--speculative-algorithm EAGLE (spec v2), or none",
+}
+HICACHE_DRAWN = ("arrivals", "write_policy", "layout", "io_backend", "device_tokens",
+                 "host_ratio", "families", "graphs", "speculative", "flavour", "max_steps",
+                 "graph_bs", "shared_prefix")
+
+
+def _hicache_strategy(sc, fixed: dict, explore: bool):
+    from hypothesis import strategies as st
+
+    @st.composite
+    def overrides(draw):
+        cfg = {}
+
+        def pick(name, values):
+            if name not in fixed:
+                value = draw(st.sampled_from(values))
+                if value != sc.knobs[name].default:
+                    cfg[name] = value
+        pick("write_policy", POLICIES)
+        pick("layout", ("page_first", "layer_first"))
+        pick("device_tokens", DEVICE_TOKENS)
+        pick("host_ratio", (2, 1, 4))
+        pick("families", (3, 1, 2, 4))
+        if "arrivals" not in fixed:
+            n = draw(st.integers(3, 9))
+            gap = draw(st.integers(1, 3))
+            new = draw(st.integers(1, 4))
+            plen = draw(st.integers(12, 16))
+            cfg["arrivals"] = ";".join(f"{gap * i}:1x{new}+{plen}" for i in range(n))
+        if explore:
+            pick("graphs", (False, True))
+            pick("speculative", (False, True))
+        return cfg
+    return overrides()
+
+
 def _scenario():
     import os
 
     from ..registry import Scenario
-    from . import _DIFF_FIELDS, _engine_version, _strategy
+    from . import _DIFF_FIELDS, _engine_version
     sc = Scenario(
         name="sglang-hicache",
         description="the installed sglang through its front door with the hierarchical KV "
@@ -282,8 +336,7 @@ def _scenario():
         knobs=_knobs(), switches=[], variants=[], runner=_run, resolve=_resolve,
         reference=_reference, diff_fields=_DIFF_FIELDS,
         session_options=lambda cfg, device: {"route_cuda": device == "sim"},
-        strategy=_strategy,
-        drawn_knobs=("arrivals", "shared_prefix", "graph_bs", "flavour", "max_steps"))
+        strategy=_hicache_strategy, drawn_knobs=HICACHE_DRAWN)
     sc.engine_version = _engine_version
     sc.known_findings = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                      "known-races.supp")
