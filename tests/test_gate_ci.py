@@ -126,7 +126,9 @@ def test_workflow_uploads(path):
     sarif = [s for s in steps if s.get("uses", "").startswith("github/codeql-action/upload-sarif@")]
     assert sarif and all(s["with"]["sarif_file"].endswith(".sarif") and s["with"]["category"] for s in sarif)
     assert any(s.get("uses", "").startswith("actions/upload-artifact@") for s in steps)
-    assert "racecheck.gate" in text
+    # the gate runs in the workflow, or in the ci/ script it calls
+    scripts = [ROOT / "ci" / name for name in re.findall(r"ci/([\w-]+)", text) if (ROOT / "ci" / name).is_file()]
+    assert "racecheck.gate" in text or any("racecheck.gate" in p.read_text() for p in scripts)
     checkout = str(path.resolve().parents[2])
     assert checkout not in text and "/root/" not in text, "no machine paths"
 
@@ -170,7 +172,7 @@ def test_nightly_matrix_and_corpus():
     uploads = [s for s in job["steps"] if "racecheck-corpus-" in str(s.get("with", {}).get("name", ""))]
     assert uploads
     assert "merge-corpus" in doc["jobs"]
-    assert "redis" in doc["on"]["workflow_dispatch"]["inputs"]
+    assert "secrets.RACECHECK_REDIS_URL" in doc["env"]["RACECHECK_REDIS_URL"]   # Redis where configured
     assert "RACECHECK_REDIS_URL" in json.dumps(job)
 
 

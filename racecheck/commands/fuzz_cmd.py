@@ -5,6 +5,12 @@
 
 Exit 0 when nothing failed, 1 when at least one failure was found (each one is written as a repro
 record under --findings-dir and its one-line reproduction command is printed), 2 on usage errors.
+
+Known failures (a nightly job's documented races): with `--suppressions FILE` or `--baseline FILE`
+(the formats `racecheck report` and the CI gate read), a distinct failure whose findings they all
+accept is still shrunk, saved and listed, as known, but does not fail the run: exit 1 only for a
+new one. Failures with no findings (CRASH, FAULT, INTERNAL) are never known. `--report json=`
+keeps every failure's findings (to re-gate with the same files); other formats only the new ones.
 """
 from __future__ import annotations
 
@@ -49,6 +55,12 @@ def add_arguments(p) -> None:
     p.add_argument("--drop-sync", action="append", default=[], metavar="SITE", dest="drop_sync",
                    help="drop a synchronization site in every example (repeatable; ids from "
                         "`racecheck mutate SCENARIO --list`)")
+    p.add_argument("--suppressions", metavar="FILE", default=None,
+                   help="known failures: one whose findings this suppressions file (`RULE TENSOR_GLOB "
+                        "[LOCATION_GLOB] # reason`) accepts is saved and listed as known, and does not "
+                        "fail the run")
+    p.add_argument("--baseline", metavar="FILE", default=None,
+                   help="known failures as a baseline written by `racecheck baseline`")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -64,10 +76,15 @@ def _validate(args):
     if args.report:
         from racecheck.reports import parse_report_specs
         parse_report_specs(args.report)
+    # known failures are read now: a bad file fails before minutes of fuzzing
+    from racecheck.suppressions import load_baseline, load_suppressions
+    args.known = (load_suppressions(args.suppressions) if args.suppressions else [],
+                  load_baseline(args.baseline) if args.baseline else set())
     if args.every_variant:
         for flag, bad in (("--variant", args.variant), ("--workers", args.workers > 1),
                           ("--draw-switches", args.draw_switches), ("--max-examples", args.max_examples),
-                          ("--set", args.sets), ("--drop-sync", args.drop_sync)):
+                          ("--set", args.sets), ("--drop-sync", args.drop_sync),
+                          ("--suppressions", args.suppressions), ("--baseline", args.baseline)):
             if bad:
                 raise UsageError(f"--every-variant picks the variants and a time budget itself; drop {flag}")
     return budget
@@ -225,43 +242,83 @@ def _run_workers(args, target, budget, found, out, err):
 
 
 def _summary(args, target, found, examples, elapsed, out, kinds=None):
-    from racecheck.fuzz import load_record, reproduce_command
+    from racecheck.fuzz import reproduce_command
     unmatched = target.unmatched_drops()
     if unmatched:
         from racecheck.scenarios.registry import unexecuted_drops
         raise unexecuted_drops(unmatched, target.sites_seen)
     findings_by_key = found.pop("__findings__", None)
     keys = [k for k in found if not k.startswith("__")]
+    example_findings = {key: _example_findings(key, found[key][0], findings_by_key) for key in keys}
+    sups, base = getattr(args, "known", None) or ([], set())
+    known = known_failures(example_findings, sups, base)
     rate = examples / elapsed if elapsed else 0.0
-    out.print(f"{examples} examples in {elapsed:.1f}s ({rate:.1f}/s); {len(keys)} distinct failure(s)",
-              markup=False)
+    out.print(f"{examples} examples in {elapsed:.1f}s ({rate:.1f}/s); {len(keys)} distinct failure(s)"
+              + (f", {len(known)} known, {len(keys) - len(known)} new" if sups or base else ""), markup=False)
     if kinds is not None:
         k = dict(kinds)
         out.print(f"examples with detector findings: {k.get('finding', 0)}, differential mismatches: "
                   f"{k.get('differential', 0)}, faults: {k.get('fault', 0)}, crashes: {k.get('crash', 0)}, "
                   f"internal errors: {k.get('internal', 0)}", markup=False)
-    all_findings = []
+    all_findings, new_findings = [], []
     for key in keys:
         path, n, secs, wrong = found[key]
-        out.print(f"  {key}: first seen after {n} examples ({secs:.1f}s); shrunk repro {path}", markup=False)
+        out.print(f"  {key}: " + (f"known ({known[key]}); " if key in known else "")
+                  + f"first seen after {n} examples ({secs:.1f}s); shrunk repro {path}", markup=False)
         if wrong:
             out.print(f"    wrong value: {wrong}", markup=False)
         out.print(f"    reproduce: {reproduce_command(path)}", markup=False)
-        if findings_by_key is not None:
-            all_findings.extend(f for f in findings_by_key.get(key, ()) if _key_of(f) == key)
-        else:
-            try:
-                from racecheck.findings import Finding
-                rec = load_record(path)
-                all_findings.extend(Finding.from_json(d) for d in rec.get("observed", {}).get("findings", ())
-                                    if f"{d['rule']} {d['tensor']}" == key or _key_of(Finding.from_json(d)) == key)
-            except Exception:
-                pass
+        own = [f for f in example_findings[key] if _key_of(f) == key]
+        all_findings.extend(own)
+        if key not in known:
+            new_findings.extend(own)
     if args.report:
-        from racecheck.reports import write_reports
-        write_reports(all_findings, args.report, meta={"command": "fuzz", "scenario": target.scenario,
-                                                       "variant": target.variant})
-    return EXIT_FINDINGS if keys else EXIT_CLEAN
+        from racecheck.reports import parse_report_spec, write_reports
+        from racecheck.suppressions import filter_findings, gate_meta
+        meta = {"command": "fuzz", "scenario": target.scenario, "variant": target.variant}
+        if sups or base:
+            meta = gate_meta(filter_findings(all_findings, sups, base), meta)
+        json_specs = [s for s in args.report if parse_report_spec(s)[0] == "json"]
+        if json_specs:
+            write_reports(all_findings, json_specs, meta)
+        other = [s for s in args.report if parse_report_spec(s)[0] != "json"]
+        if other:
+            write_reports(new_findings, other, meta)
+    return EXIT_FINDINGS if len(known) < len(keys) else EXIT_CLEAN
+
+
+def _example_findings(key: str, path: str, findings_by_key) -> list:
+    """Every finding of the example that showed failure `key` (its peers group with it)."""
+    if findings_by_key is not None:
+        return list(findings_by_key.get(key, ()))
+    try:                       # workers: from the saved record
+        from racecheck.findings import Finding
+        from racecheck.fuzz import load_record
+        return [Finding.from_json(d) for d in load_record(path).get("observed", {}).get("findings", ())]
+    except Exception:
+        return []
+
+
+def known_failures(example_findings: dict, suppressions=(), baseline=()) -> dict:
+    """{failure key: why it is known} for the failures whose findings the suppressions or the
+    baseline all accept. `example_findings` maps each failure key to the findings of the example
+    that showed it (all of them: an entry takes the root-cause group of every finding it
+    matches). A failure with no finding of its own key (CRASH, FAULT, INTERNAL) is never known."""
+    from racecheck.suppressions import filter_findings
+    if not suppressions and not baseline:
+        return {}
+    out = {}
+    for key, findings in example_findings.items():
+        own = [f for f in findings if _key_of(f) == key]
+        if not own:
+            continue
+        res = filter_findings(findings, list(suppressions), baseline)
+        if any(_key_of(f) == key for f in res.kept):
+            continue
+        hit = next((s for s in suppressions for f in own if s.matches(f)), None)
+        out[key] = f"suppressed: {hit.reason}" if hit is not None else (
+            "suppressed" if any(_key_of(f) == key for f in res.suppressed) else "in the baseline")
+    return out
 
 
 def _key_of(f):
