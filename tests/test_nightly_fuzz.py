@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from test_fuzz import _start_redis
-from test_fuzz_toy import toy_registered  # noqa: F401  (fixture: toy-pipeline registered)
+from test_fuzz_toy import toy_registered  # noqa: F401  (autouse fixture: toy-pipeline registered)
 from racecheck import cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +34,7 @@ def _fuzz(capsys, *args):
 
 # -- known failures: --suppressions / --baseline ------------------------------------------------
 
-def test_a_known_failure_is_saved_and_listed_but_does_not_fail(toy_registered, tmp_path, capsys):
+def test_a_known_failure_is_saved_and_listed_but_does_not_fail(tmp_path, capsys):
     supp = tmp_path / "known.supp"
     supp.write_text("RC001 buf  # the toy's missing event, documented\n")
     status, out = _fuzz(capsys, "--variant", "no-event_fix", "--first", "--budget", "10s",
@@ -52,7 +52,7 @@ def test_a_known_failure_is_saved_and_listed_but_does_not_fail(toy_registered, t
     assert status == 1 and "RC001 buf: known" not in out and ", 1 known" not in out
 
 
-def test_only_a_new_failure_fails(toy_registered, tmp_path, capsys):
+def test_only_a_new_failure_fails(tmp_path, capsys):
     supp = tmp_path / "known.supp"
     supp.write_text("RC001 buf  # documented\n")
     status, out = _fuzz(capsys, "--draw-switches", "--budget", "5s", "--findings-dir", tmp_path,
@@ -81,7 +81,7 @@ def test_a_baseline_makes_failures_known_with_workers(tmp_path, capsys):
     assert "RC002 req_to_token: known (in the baseline)" in out
 
 
-def test_a_bad_known_failures_file_is_a_usage_error_before_fuzzing(toy_registered, tmp_path, capsys):
+def test_a_bad_known_failures_file_is_a_usage_error_before_fuzzing(tmp_path, capsys):
     supp = tmp_path / "bad.supp"
     supp.write_text("RC001 buf\n")                              # no reason
     status = cli.main(["fuzz", "toy-pipeline", "--budget", "60s", "--suppressions", str(supp)])
