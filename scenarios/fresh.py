@@ -9,13 +9,23 @@ parent's: fresh.
 
 Only on sim: a process that has initialized CUDA cannot fork safely; a GPU run is one engine in
 the `racecheck run` process.
+
+The engine itself is imported in each child, inside the run's session, because what it binds at
+import (platform probes, cached device lookups, names taken from `torch.cuda`) must be what the
+run routes. Its third-party dependencies (torch's compiler stack, transformers, the HTTP and
+tokenizer stacks: most of the import's time) bind nothing of the run: `warm` imports them here
+once, so every child starts with them loaded.
 """
 from __future__ import annotations
 
+import importlib
 import os
 import pickle
 import signal
 import sys
+import time
+
+_WARM: dict = {}        # scenario name -> seconds spent warming this process
 
 
 class EngineProcessDied(RuntimeError):
@@ -24,6 +34,89 @@ class EngineProcessDied(RuntimeError):
 
 def available(sc, device: str) -> bool:
     return bool(getattr(sc, "fresh_process", False)) and device == "sim" and hasattr(os, "fork")
+
+
+def run(sc, fn, *args, **kwargs):
+    """`fn(*args, **kwargs)` in a child forked from this process, warmed for `sc` first."""
+    warm(sc)
+    return call(fn, *args, **kwargs)
+
+
+def warm(sc) -> float:
+    """Import here what importing `sc`'s engine pulls in, except the engine's own packages
+    (`Scenario.engine_packages`) and racecheck. The list comes from importing the engine in a
+    throwaway child (`Scenario.import_engine`), kept in the user's cache per engine version and
+    Python, so later processes skip that child. Once per process and scenario; returns the
+    seconds spent."""
+    importer = getattr(sc, "import_engine", None)
+    if importer is None or sc.name in _WARM:
+        return _WARM.get(sc.name, 0.0)
+    started = time.perf_counter()
+    own = set(getattr(sc, "engine_packages", ())) | {"racecheck"}
+    path = _cache_path(sc)
+    modules = _read_list(path)
+    if modules is None:
+        try:
+            modules = [m for m in call(_imported_by, importer) if m.split(".")[0] not in own]
+        except Exception:       # noqa: BLE001 - the run itself reports why the engine won't import
+            modules = []
+        if modules and path:
+            _write_list(path, modules)
+    for name in modules:
+        if name.split(".")[0] in own or name in sys.modules:
+            continue
+        try:
+            importlib.import_module(name)
+        except Exception:       # noqa: BLE001 - a module that imports only inside its package's
+            pass                # own import (or only on another platform) is left to the child
+    _WARM[sc.name] = time.perf_counter() - started
+    return _WARM[sc.name]
+
+
+def _cache_path(sc) -> str | None:
+    version = getattr(sc, "engine_version", None)
+    try:
+        v = version() if callable(version) else None
+    except Exception:           # noqa: BLE001
+        v = None
+    if not v:
+        return None
+    import torch
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    key = f"{sc.name}-{v}-py{sys.version_info[0]}.{sys.version_info[1]}-torch{torch.__version__}"
+    return os.path.join(root, "racecheck", "engine-imports", key.replace(os.sep, "_") + ".json")
+
+
+def _read_list(path) -> list | None:
+    import json
+    if not path:
+        return None
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+        return [m for m in data if isinstance(m, str)] if isinstance(data, list) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _write_list(path: str, modules: list) -> None:
+    """Best effort, atomic: a cache that cannot be written only costs the next process time."""
+    import json
+    import tempfile
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+        with os.fdopen(fd, "w") as fh:
+            json.dump(modules, fh)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def _imported_by(importer) -> list:
+    before = set(sys.modules)
+    importer()
+    return sorted(set(sys.modules) - before)
 
 
 def call(fn, *args, **kwargs):

@@ -360,7 +360,8 @@ def reference_outputs(sc: Scenario, cfg: dict, seed: int) -> dict:
     if hit is not None:
         return hit
     from . import fresh
-    run_ref = fresh.call if fresh.available(sc, "sim") else (lambda fn, *a: fn(*a))
+    run_ref = (lambda fn, *a: fresh.run(sc, fn, *a)) if fresh.available(sc, "sim") \
+        else (lambda fn, *a: fn(*a))
     out = run_ref(_serialized, sc, cfg, seed)
     _remember_reference(sc, cfg, seed, out)
     return out
@@ -387,7 +388,7 @@ def run(sc: Scenario, cfg: dict, device: str = "sim", seed: int = 0,
     options = sc.session_options(cfg, device)
     options.update(session_options or {})
     if fresh.available(sc, device):
-        session = fresh.call(_instrumented, sc, cfg, device, seed, options)
+        session = fresh.run(sc, _instrumented, sc, cfg, device, seed, options)
         for value in options.values():            # the child's executor state, here
             if hasattr(value, "adopt"):
                 value.adopt(session.executor)

@@ -129,7 +129,7 @@ class FuzzTarget:
         t0 = time.perf_counter()
         seed = int(example.get("seed", 0))
         if fresh.available(self.sc, self.device):
-            findings, internal, crash = fresh.call(_detector_only, self.sc, cfg, self.device, seed)
+            findings, internal, crash = fresh.run(self.sc, _detector_only, self.sc, cfg, self.device, seed)
         else:
             findings, internal, crash = _detector_only(self.sc, cfg, self.device, seed)
         keys = []

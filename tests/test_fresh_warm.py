@@ -1,0 +1,56 @@
+"""`fresh.warm`: a parent that forks one engine process per run imports the engine's
+dependencies once, never the engine itself (whose import must happen under each run's routing)."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+
+SCRIPT = textwrap.dedent('''
+    import json, sys
+    from racecheck.scenarios import fresh
+
+    class Toy:
+        name = "toy-engine"
+        engine_packages = ("xml",)          # the "engine": must stay unimported here
+
+        @staticmethod
+        def import_engine():
+            import xml.dom.minidom              # the engine's own package
+            import tomllib, wave                # its dependencies
+
+        @staticmethod
+        def engine_version():
+            return "1.0"
+
+    assert "tomllib" not in sys.modules and "wave" not in sys.modules
+    fresh.warm(Toy)
+    fresh.warm(Toy)                              # once per process
+    print(json.dumps({"deps": ["tomllib" in sys.modules, "wave" in sys.modules],
+                      "engine": "xml.dom.minidom" in sys.modules,
+                      "child_sees": fresh.call(lambda: "wave" in sys.modules)}))
+''')
+
+
+def _run(tmp_path):
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path))
+    p = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_warm_imports_dependencies_not_the_engine_and_caches_the_list(tmp_path):
+    first = _run(tmp_path)
+    assert first == {"deps": [True, True], "engine": False, "child_sees": True}
+    [cached] = list((tmp_path / "racecheck" / "engine-imports").iterdir())
+    listed = json.loads(cached.read_text())
+    assert "tomllib" in listed and "wave" in listed
+    assert not [m for m in listed if m.split(".")[0] in ("xml", "racecheck")]
+    cached.write_text(json.dumps(["wave"]))      # a second process reads the list, no probe child
+    second = _run(tmp_path)
+    assert second["deps"] == [False, True] and not second["engine"]
