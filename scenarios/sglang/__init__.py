@@ -209,5 +209,17 @@ OVERLAP_SCENARIO = Scenario(
 OVERLAP_SCENARIO.engine_version = _engine_version
 OVERLAP_SCENARIO.known_findings = KNOWN_RACES
 OVERLAP_SCENARIO.fresh_process = True
-SCENARIO.fresh_process = True              # one sglang server per process (scenarios/fresh.py)
 OVERLAP_SCENARIO.engine_modules = ("sglang.",)
+
+
+def _import_engine() -> None:
+    from .engine_run import import_sglang
+    import_sglang(False)
+
+
+# each fresh process imports sglang itself, under its run's routing; the packages sglang pulls
+# in are imported once in the parent (scenarios/fresh.py `warm`). Triton is sglang's: its
+# interpreter mode is the run's environment.
+for _sc in (SCENARIO, OVERLAP_SCENARIO):
+    _sc.import_engine = _import_engine
+    _sc.engine_packages = ("sglang", "sgl_kernel", "flashinfer", "triton")
