@@ -121,6 +121,41 @@ def _imported_by(importer) -> list:
 
 def call(fn, *args, **kwargs):
     """`fn(*args, **kwargs)` in a forked child; its return value, or its exception, here."""
+    return start(fn, *args, **kwargs).result()
+
+
+class Pending:
+    """A forked child computing a value; `result()` waits for it."""
+
+    def __init__(self, pid: int, read: int):
+        self.pid, self._read = pid, read
+
+    def cancel(self) -> None:
+        """Stop the child and reap it (its result is no longer wanted)."""
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.close(self._read)
+        os.waitpid(self.pid, 0)
+
+    def result(self):
+        with os.fdopen(self._read, "rb") as fh:
+            data = fh.read()
+        _, status = os.waitpid(self.pid, 0)
+        if not data:
+            how = (f"signal {signal.Signals(os.WTERMSIG(status)).name}" if os.WIFSIGNALED(status)
+                   else f"exit status {os.WEXITSTATUS(status)}")
+            raise EngineProcessDied(f"the engine's process died ({how})")
+        ok, value = pickle.loads(data)
+        if not ok:
+            raise value
+        return value
+
+
+def start(fn, *args, **kwargs) -> Pending:
+    """Fork a child that computes `fn(*args, **kwargs)`; this process goes on (a reference
+    run and the instrumented run side by side, on two cores)."""
     read, write = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -147,14 +182,4 @@ def call(fn, *args, **kwargs):
         finally:
             os._exit(code)
     os.close(write)
-    with os.fdopen(read, "rb") as fh:
-        data = fh.read()
-    _, status = os.waitpid(pid, 0)
-    if not data:
-        how = (f"signal {signal.Signals(os.WTERMSIG(status)).name}" if os.WIFSIGNALED(status)
-               else f"exit status {os.WEXITSTATUS(status)}")
-        raise EngineProcessDied(f"the engine's process died ({how})")
-    ok, value = pickle.loads(data)
-    if not ok:
-        raise value
-    return value
+    return Pending(pid, read)

@@ -54,3 +54,27 @@ def test_warm_imports_dependencies_not_the_engine_and_caches_the_list(tmp_path):
     cached.write_text(json.dumps(["wave"]))      # a second process reads the list, no probe child
     second = _run(tmp_path)
     assert second["deps"] == [False, True] and not second["engine"]
+
+
+def test_start_runs_beside_the_caller_and_cancel_reaps():
+    import time
+
+    from racecheck.scenarios import fresh
+
+    def slow(x):
+        time.sleep(1.0)
+        return x * 2
+    t0 = time.perf_counter()
+    a, b = fresh.start(slow, 1), fresh.start(slow, 2)
+    assert (a.result(), b.result()) == (2, 4)
+    assert time.perf_counter() - t0 < 1.9, "the two children ran one after the other"
+    c = fresh.start(time.sleep, 60)
+    c.cancel()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(c.pid, os.WNOHANG)
+
+
+def test_a_child_that_dies_is_reported():
+    from racecheck.scenarios import fresh
+    with pytest.raises(fresh.EngineProcessDied, match="SIGKILL"):
+        fresh.call(lambda: os.kill(os.getpid(), 9))
