@@ -58,17 +58,20 @@ def _base(scenario: str, graphs: bool) -> dict:
     return dict(EAGLE if scenario == "sglang-eagle-v2" else OVERLAP, graphs=graphs)
 
 
-def plan(runs: int, delay_us: int, graphs: bool) -> list:
+def plan(runs: int, delay_us: int, graphs: bool, only: str | None = None) -> list:
     """[(kind, name, spec)] in run order: the references first, then N runs per configuration,
-    then the racecheck runs."""
+    then the racecheck runs (`only`: the configurations whose name has it)."""
+    configs = [c for c in CONFIGS if only is None or only in c[0]]
+    checked = [c for c in CHECKED if only is None or only in c[0]]
+    needed = {c[1] for c in configs + checked}
     out = [("reference", sc, {"scenario": sc, "mode": "plain",
                               "set": dict(_base(sc, graphs), flavour="cuda")})
-           for sc in ("sglang-eagle-v2", "sglang-overlap")]
-    for name, sc, sets, held in CONFIGS:
+           for sc in ("sglang-eagle-v2", "sglang-overlap") if sc in needed]
+    for name, sc, sets, held in configs:
         spec = {"scenario": sc, "mode": "plain",
                 "set": dict(_base(sc, graphs), forward_delay_us=delay_us if held else 0, **sets)}
         out.extend(("plain", name, spec) for _ in range(runs))
-    for name, sc, sets, held in CHECKED:
+    for name, sc, sets, held in checked:
         out.append(("racecheck", name, {"scenario": sc, "mode": "racecheck", "set": dict(
             _base(sc, graphs), forward_delay_us=delay_us if held else 0, **sets)}))
     return out
@@ -99,8 +102,9 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda", choices=("cuda", "sim"))
     ap.add_argument("--no-fork", action="store_true")
     ap.add_argument("--dry", action="store_true")
+    ap.add_argument("--only", default=None, help="configurations whose name has this")
     args = ap.parse_args(argv)
-    steps = plan(args.runs, args.delay_us, args.graphs)
+    steps = plan(args.runs, args.delay_us, args.graphs, args.only)
     if args.dry:
         for kind, name, spec in steps:
             print(f"{kind} {name}: {json.dumps(spec)}")
@@ -116,7 +120,12 @@ def main(argv=None) -> int:
     for kind, name, spec in steps:
         got = runner.run(spec)
         brief = {k: got.get(k) for k in ("run_s", "findings", "error") if k in got}
+        if kind != "reference":
+            brief["differ"] = got.get("outputs") != refs.get(spec["scenario"])
         print(f"@@ {kind} {name} {json.dumps(brief)[:400]}", flush=True)
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "gpu_prefix_reuse.json"), "w") as fh:   # so far
+            json.dump(dict(data, rows=rows, references=refs), fh, default=str)
         if kind == "reference":
             refs[name] = got.get("outputs")
             data.setdefault("references", {})[name] = got.get("outputs") or got.get("error")

@@ -309,7 +309,7 @@ def plan(configs: list, runs: int, profile: bool, modes=MODES) -> list:
 def summarize(c: dict, rows: list) -> dict:
     s = {"name": c["name"], "scenario": c["scenario"], "set": c["set"]}
     warm = [r for r in rows if r.get("warmup")]
-    timed = [r for r in rows if not r.get("warmup") and not r.get("profile")]
+    timed = [r for r in rows if not r.get("warmup") and not r.get("profiled")]
     reference = (warm[0] if warm else {}).get("outputs")
     s["errors"] = sorted({r["error"] for r in rows if "error" in r})
     for m in MODES:
@@ -328,7 +328,7 @@ def summarize(c: dict, rows: list) -> dict:
         s["events"] = rc[0].get("events")
         s["c_hot_path"], s["c_engine"] = rc[0]["c_hot_path"], rc[0]["c_engine"]
         s["internal_errors"] = rc[0]["internal_errors"]
-    prof = [r for r in rows if r.get("profile") and "profile" in r]
+    prof = [r for r in rows if r.get("profiled") and "profile" in r]
     if prof:
         s["profile"] = prof[0]["profile"]
         s["profile_loop_s"] = prof[0].get("loop")
@@ -400,7 +400,9 @@ def main(argv=None) -> int:
     rows: dict = {}
     for c, spec in steps:
         got = runner.run(spec)
-        got.update({k: spec[k] for k in ("warmup", "profile") if k in spec})
+        got.update({k: spec[k] for k in ("warmup",) if k in spec})
+        if spec.get("profile"):
+            got["profiled"] = True
         rows.setdefault(c["name"], []).append(got)
         brief = {k: got.get(k) for k in ("mode", "construction", "loop", "step_median_ms",
                                          "process_s", "findings", "error") if k in got}
