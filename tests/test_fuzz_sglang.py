@@ -44,17 +44,22 @@ def _drawn(target, n=200, rejected=None):
 
 
 def test_the_strategy_draws_valid_bounded_shapes_and_keeps_what_is_fixed():
-    from racecheck.scenarios.sglang.requests import parse_arrivals
+    from racecheck.scenarios.sglang.requests import parse_arrivals, phases
     from racecheck.scenarios.sglang.strategy import (KV_BUDGET, MAX_GROUPS, MAX_NEW_TOKENS, MAX_PER_GROUP,
-                                                      kv_demand)
+                                                      MAX_PHASES, kv_demand)
     cfgs = _drawn(FuzzTarget(SC))
+    drawn_phases = set()
     for cfg in cfgs:
-        groups = parse_arrivals(cfg["arrivals"])
-        assert len(groups) <= MAX_GROUPS and groups[0].step == 0
-        assert all(g.count <= MAX_PER_GROUP and g.max_new_tokens <= MAX_NEW_TOKENS for g in groups)
+        traffic = phases(parse_arrivals(cfg["arrivals"]))
+        drawn_phases.add(len(traffic))
+        assert len(traffic) <= MAX_PHASES
+        for groups in traffic:
+            assert len(groups) <= MAX_GROUPS and groups[0].step == 0
+            assert all(g.count <= MAX_PER_GROUP and g.max_new_tokens <= MAX_NEW_TOKENS for g in groups)
+            assert kv_demand(groups, cfg["steps"], cfg["topk"], cfg["draft_tokens"]) <= KV_BUDGET
         assert cfg["flavour"] == "cuda" and cfg["max_steps"] == 80
         assert cfg["steps"] + 1 <= cfg["draft_tokens"] <= cfg["topk"] * cfg["steps"] + 1
-        assert kv_demand(groups, cfg["steps"], cfg["topk"], cfg["draft_tokens"]) <= KV_BUDGET
+    assert len(drawn_phases) > 1, "traffic of one phase and of several is drawn"
     assert {c["graphs"] for c in cfgs} == {True, False}
     assert {c["shared_prefix"] for c in cfgs} == {True, False}
     assert len({c["topk"] for c in cfgs}) > 1 and len({tuple(c["graph_bs"]) for c in cfgs}) > 1

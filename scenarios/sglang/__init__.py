@@ -60,7 +60,8 @@ _SCHEDULE_KNOBS = [
          "schedule stream's next step runs ahead", minimum=0, maximum=1_000_000),
     Knob("arrivals", DEFAULT_ARRIVALS, "str", "request schedule: step:COUNTxMAX_NEW_TOKENS[+PROMPT_LEN]"
          " items separated by ';' (requests join at that loop iteration; batches cross graph "
-         "buckets)", validator=_arrivals),
+         "buckets); phases of traffic separated by '|' (the next starts when the last one's "
+         "requests have all finished, on the same running engine)", validator=_arrivals),
     Knob("shared_prefix", True, "bool", "every prompt starts with the same tokens (radix-cache "
          "prefix hits for requests that join later)"),
     Knob("prefix_len", 3, "int", "length of the shared prompt prefix (a shorter prompt is all "
@@ -68,7 +69,8 @@ _SCHEDULE_KNOBS = [
     Knob("stop_token", -1, "int", "a token that ends a request when it is generated (-1: none; "
          "requests then end by length)", minimum=-1),
     Knob("graph_bs", [1, 2, 4], "int-list", "decode graph batch-size buckets"),
-    Knob("max_steps", 80, "int", "scheduler loop iterations at most", minimum=1, maximum=1000),
+    Knob("max_steps", 80, "int", "scheduler loop iterations at most, per traffic phase",
+         minimum=1, maximum=1000),
     Knob("seed", 0, "int", "prompt tokens and the dummy weights", minimum=0),
 ]
 KNOBS = _SCHEDULE_KNOBS[:4] + [

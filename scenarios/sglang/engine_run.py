@@ -7,7 +7,7 @@ import os
 import warnings
 
 from . import surface
-from .requests import parse_arrivals, prompts
+from .requests import parse_arrivals, phases, prompts
 from .server import VOCAB, Arrival, Shape, patched, serve
 
 # What sglang reads from the environment, per run (restored afterwards). The plan stream and
@@ -70,20 +70,22 @@ def run_pipeline(cfg: dict, ctx) -> dict:
 
 
 def shape_of(cfg: dict) -> Shape:
-    groups = parse_arrivals(cfg["arrivals"])
+    busiest = max(sum(g.count for g in phase) for phase in phases(parse_arrivals(cfg["arrivals"])))
     return Shape(speculative=cfg.get("speculative", True), topk=cfg.get("topk", 1),
                  steps=cfg.get("steps", 3), draft_tokens=cfg.get("draft_tokens", 4),
                  graphs=cfg["graphs"], graph_bs=list(cfg["graph_bs"]),
-                 max_running=max(max(cfg["graph_bs"]), sum(g.count for g in groups)),
+                 max_running=max(max(cfg["graph_bs"]), busiest),
                  seed=cfg["seed"], page_size=cfg.get("page_size", 1),
                  extra=dict(cfg.get("server_args") or {}))
 
 
 def arrivals_of(cfg: dict) -> list:
     groups = parse_arrivals(cfg["arrivals"])
-    return [Arrival(step, rid, prompt, new) for step, rid, prompt, new in
-            prompts(groups, seed=cfg["seed"], shared_prefix=cfg["shared_prefix"], vocab=VOCAB,
-                    prefix_len=cfg["prefix_len"], families=cfg.get("families", 1))]
+    phase_of = [g.phase for g in groups for _ in range(g.count)]
+    return [Arrival(step, rid, prompt, new, phase) for (step, rid, prompt, new), phase in
+            zip(prompts(groups, seed=cfg["seed"], shared_prefix=cfg["shared_prefix"],
+                        vocab=VOCAB, prefix_len=cfg["prefix_len"],
+                        families=cfg.get("families", 1)), phase_of)]
 
 
 def _run(cfg: dict, rc, *, gpu: bool) -> dict:

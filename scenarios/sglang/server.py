@@ -38,12 +38,13 @@ MAX_TOTAL_TOKENS = 2048
 
 @dataclass
 class Arrival:
-    """A request joining at loop iteration `step`."""
+    """A request joining at loop iteration `step` of its traffic phase (requests.py)."""
 
     step: int
     rid: str
     prompt: list
     max_new_tokens: int
+    phase: int = 0
 
 
 @dataclass
@@ -171,18 +172,25 @@ def make_request(arrival: Arrival, stop_token: int):
 
 class Feeder:
     """Stands at `Scheduler.process_input_requests`: iteration k of the event loop receives the
-    arrivals scheduled for k; once every request finished (or `max_steps` passed) the loop is
-    asked to exit as a shutdown request would."""
+    arrivals scheduled for k. Traffic comes in phases: a phase starts at the iteration after the
+    last one's every request finished, its steps counted from there. Once every request finished
+    (or a phase ran `max_steps` iterations) the loop is asked to exit as a shutdown request
+    would."""
 
     def __init__(self, arrivals, outputs: Outputs, *, max_steps: int, stop_token: int,
-                 on_first=None):
-        self.pending = sorted(arrivals, key=lambda a: a.step)
+                 on_first=None, make=None):
+        self.make = make or make_request
+        self.pending = sorted(arrivals, key=lambda a: (a.phase, a.step))
         self.total = len(arrivals)
         self.outputs = outputs
         self.max_steps = max_steps
         self.stop_token = stop_token
         self.on_first = on_first
         self.step = 0
+        self.phase = self.pending[0].phase if self.pending else 0
+        self.phase_start = 0
+        self.phase_starts: list = [0]       # the loop step each phase started at
+        self._released: set = set()
 
     def install(self):
         Scheduler = surface.FEED.owner_and_name()[0]
@@ -201,14 +209,22 @@ class Feeder:
         k = self.step
         self.step += 1
         self.outputs.drain()
-        if len(self.outputs.finished) >= self.total or k >= self.max_steps:
+        if len(self.outputs.finished) >= self.total or k - self.phase_start >= self.max_steps:
             if not hasattr(scheduler, "gracefully_exit"):           # surface.GRACEFUL_EXIT
                 raise _Stop()
             scheduler.gracefully_exit = True
             return []
-        now = [a for a in self.pending if a.step <= k]
-        self.pending = self.pending[len(now):]
-        return [make_request(a, self.stop_token) for a in now]
+        if self.pending and self.pending[0].phase != self.phase \
+                and self._released <= self.outputs.finished:
+            self.phase = self.pending[0].phase
+            self.phase_start = k
+            self.phase_starts.append(k)
+        now = []
+        while self.pending and self.pending[0].phase == self.phase \
+                and self.pending[0].step <= k - self.phase_start:
+            now.append(self.pending.pop(0))
+        self._released.update(a.rid for a in now)
+        return [self.make(a, self.stop_token) for a in now]
 
 
 class _Pipe:

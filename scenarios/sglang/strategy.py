@@ -35,13 +35,17 @@ target (ci/nightly-fuzz does). `max_steps` stays at its default: the loop ends w
 has finished; the cap only guards against a loop that never does.
 
 Bounds (one run of the real engine costs seconds on a CPU, the serialized reference run as
-much again): at most 4 request groups, joining at loop steps 0..6, of 1..6 requests each (counts
+much again): up to 3 phases of traffic on the one engine an example builds (requests.py: a
+phase starts once the last one's requests finished; more schedules per engine construction),
+each of at most 4 request groups, joining at loop steps 0..6, of 1..6 requests each (counts
 around the graph buckets, so batches are padded), 1..8 new tokens each, prompts of 3..8 tokens;
-later requests are dropped until the schedule's KV demand fits the harness's pool (`KV_BUDGET`).
-Every choice shrinks toward one request joining at step 0 with one new token, default prompt
-length, and the knobs' defaults.
+a phase's later requests are dropped until its KV demand fits the harness's pool
+(`KV_BUDGET`). Every choice shrinks toward one phase, one request joining at step 0 with one new
+token, default prompt length, and the knobs' defaults.
 """
 from __future__ import annotations
+
+from dataclasses import replace
 
 from hypothesis import strategies as st
 
@@ -70,7 +74,8 @@ SHIPPED = {
 # the step cap only guards the loop, and dropped sites come only from --drop-sync or a variant.
 HELD = ("flavour", "max_steps", "drop_sync")
 
-MAX_GROUPS = 4
+MAX_GROUPS = 4                  # per phase
+MAX_PHASES = 3
 MAX_PER_GROUP = 6
 MAX_STEP = 6
 MAX_NEW_TOKENS = 8
@@ -94,9 +99,20 @@ def groups(draw, buckets=(1, 2, 4, 8)):
     return sorted(out, key=lambda g: g.step)
 
 
+@st.composite
+def traffic(draw, buckets=(1, 2, 4, 8)):
+    """Phases of groups: a first schedule, then up to MAX_PHASES - 1 more, each starting once
+    the last one's requests finished, on the same engine (shrinks toward one phase)."""
+    out = list(draw(groups(buckets)))
+    for phase in range(1, 1 + draw(st.integers(0, MAX_PHASES - 1))):
+        out += [replace(g, phase=phase) for g in draw(groups(buckets))]
+    return out
+
+
 def arrivals(buckets=(1, 2, 4, 8)) -> st.SearchStrategy:
-    """Request schedules in the `arrivals` knob's text form (`STEP:COUNTxNEW[+PROMPT];...`)."""
-    return groups(buckets).map(format_arrivals)
+    """Request schedules in the `arrivals` knob's text form (`STEP:COUNTxNEW[+PROMPT];...`,
+    phases separated by `|`)."""
+    return traffic(buckets).map(format_arrivals)
 
 
 # The server's KV pool (server.MAX_TOTAL_TOKENS) is sized so that drawn schedules never fill it:
@@ -121,18 +137,23 @@ def kv_demand(groups, steps: int, topk: int, draft_tokens) -> int:
 
 
 def _within_kv(text: str, cfg: dict) -> str:
-    """The drawn schedule with its later requests dropped until it fits KV_BUDGET."""
-    from .requests import parse_arrivals
+    """The drawn schedule with each phase's later requests dropped until the phase fits
+    KV_BUDGET (a phase starts once the last one's requests finished: their slots are the radix
+    cache's to keep or evict)."""
+    from .requests import parse_arrivals, phases
     out = []
-    for g in parse_arrivals(text):
-        while g.count > 0 and kv_demand(out + [g], cfg["steps"], cfg["topk"], cfg["draft_tokens"]) > KV_BUDGET:
-            g = Group(g.step, g.count - 1, g.max_new_tokens, g.prompt_len)
-        if g.count == 0:
-            break
-        out.append(g)
-    if not out:           # one request, whatever it takes (the largest shapes need ~100 slots)
-        first = parse_arrivals(text)[0]
-        out = [Group(first.step, 1, first.max_new_tokens, first.prompt_len)]
+    for phase in phases(parse_arrivals(text)):
+        mine = []
+        for g in phase:
+            while g.count > 0 and kv_demand(mine + [g], cfg["steps"], cfg["topk"],
+                                            cfg["draft_tokens"]) > KV_BUDGET:
+                g = replace(g, count=g.count - 1)
+            if g.count == 0:
+                break
+            mine.append(g)
+        if not mine:      # one request, whatever it takes (the largest shapes need ~100 slots)
+            mine = [replace(phase[0], count=1)]
+        out += mine
     return format_arrivals(out)
 
 
