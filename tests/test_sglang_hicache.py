@@ -20,6 +20,8 @@ needs_sglang = pytest.mark.skipif(
 SC = "sglang-hicache"
 LOAD_FENCE = "sglang.srt.managers.cache_controller:HiCacheController.start_loading:wait_stream#0"
 WRITE_FENCE = "sglang.srt.managers.cache_controller:HiCacheController.start_writing:wait_stream#0"
+LAYER_WAIT = "sglang.srt.managers.cache_controller:LayerLoadingEvent.wait:wait_event#0"
+TRANSFER_START_WAIT = "sglang.srt.mem_cache.l2_transfer:L2TransferEngine._submission:wait#0"
 
 
 def _run(variant=None, **overrides):
@@ -73,7 +75,9 @@ def test_the_scenario_is_listed_with_its_knobs():
 @needs_sglang
 @pytest.mark.parametrize("policy", ["write_through", "write_back", "write_through_selective"])
 def test_as_shipped_is_clean_and_kv_comes_back_from_host(policy):
-    res = _run(write_policy=policy)
+    from racecheck.scenarios.sglang import hicache
+    extra = {"arrivals": hicache.SELECTIVE_ARRIVALS} if policy == "write_through_selective" else {}
+    res = _run(write_policy=policy, **extra)
     assert res.findings == [], "\n".join(f.message() for f in res.findings)
     # the tokens equal those of the run whose prefixes never left the device
     assert res.diff_ok, res.diff_detail
@@ -84,14 +88,20 @@ def test_as_shipped_is_clean_and_kv_comes_back_from_host(policy):
 
 
 @needs_sglang
-def test_the_load_fence_is_necessary():
-    """Without the host_to_device stream's wait on the forward stream (start_loading), the
-    load-back writes device KV rows a forward launched earlier still reads or writes."""
-    res = _run(drop_sync=LOAD_FENCE)
+@pytest.mark.parametrize("site, rule", [
+    # the forward's per-layer wait for the load-back: it reads KV rows still being loaded
+    (LAYER_WAIT, "RC001"),
+    # the transfer stream's wait for the schedule stream's start event: the copy reads the
+    # indices the schedule stream is still uploading
+    (TRANSFER_START_WAIT, "RC001"),
+])
+def test_a_dropped_hicache_fence_is_flagged(site, rule):
+    res = _run(drop_sync=site)
     assert not res.unmatched_drops
-    got = res.signature()
-    assert any(t.endswith(("k_buffer", "v_buffer")) or "KV" in t for _, t in got), sorted(got)
-
+    assert res.findings and any(f.rule == rule for f in res.findings), \
+        sorted(res.signature())
+    streams = {s for f in res.findings for s in f.streams}
+    assert streams & {"host_to_device_stream", "device_to_host_stream"}, streams
 
 def test_the_fuzzer_draws_hicache_configurations_sglang_ships():
     from hypothesis import given, settings
