@@ -28,13 +28,14 @@ class HolderNames:
     def __init__(self, registry):
         self.registry = registry
         self._cache: dict = {}
+        self._holders: dict = {}        # storage -> [(kind, view start, view end, name)]
 
     def name_of(self, storage: int, lo: int = 0, hi: int | None = None) -> str | None:
         key = (storage, lo, hi)
         if key in self._cache:
             return self._cache[key]
         try:
-            name = self._resolve(storage, lo, hi)
+            name = self._best(self._holders_of(storage), lo, hi)
         except Exception:       # naming is a courtesy: never let it break a report
             name = None
         self._cache[key] = name
@@ -43,21 +44,40 @@ class HolderNames:
     def forget(self, storage: int) -> None:
         for k in [k for k in self._cache if k[0] == storage]:
             del self._cache[k]
+        self._holders.pop(storage, None)
 
     # -- resolution ----------------------------------------------------------------------------
-    def _resolve(self, storage, lo, hi):
+    def _holders_of(self, storage) -> list:
+        """Who holds the storage's tensors, found once per storage (the garbage collector's
+        walk is the expensive part; each racing byte range then picks its best holder)."""
+        found = self._holders.get(storage)
+        if found is None:
+            found = self._holders[storage] = self._resolve(storage)
+        return found
+
+    @staticmethod
+    def _best(holders, lo, hi):
+        if not holders:
+            return None
+        def rank(h):
+            kind, start, end, name = h
+            covers = hi is None or (start <= lo and hi <= end)
+            return (0 if covers else 1, end - start, kind, len(name), name)
+        return min(holders, key=rank)[3]
+
+    def _resolve(self, storage) -> list:
         cdata = self.registry.cdata_of(storage)
         if cdata is None:
-            return None
+            return []
         tensors = [o for o in gc.get_objects() if type(o) in _TENSOR_TYPES
                    and o.untyped_storage()._cdata == cdata]
         if not tensors:
-            return None
-        rank = {id(t): self._fit(t, lo, hi) for t in tensors}
+            return []
+        span = {id(t): self._span(t) for t in tensors}
         ids = {id(t): t for t in tensors}
-        candidates = []         # (holder kind, fit, length of name, name)
+        candidates = []         # (holder kind, view start, view end, name)
         for name, t in self._frame_variables(ids):
-            candidates.append((_VARIABLE, rank[id(t)], len(name), name))
+            candidates.append((_VARIABLE, *span[id(t)], name))
         dicts = []
         for ref in gc.get_referrers(*tensors):
             if isinstance(ref, dict):
@@ -68,8 +88,7 @@ class HolderNames:
                 # an instance whose attributes live inline (no __dict__ object made yet)
                 for k, v in getattr(ref, "__dict__", {}).items():
                     if id(v) in ids and v is ids[id(v)]:
-                        name = f"{type(ref).__name__}.{k}"
-                        candidates.append((_ATTR, rank[id(v)], len(name), name))
+                        candidates.append((_ATTR, *span[id(v)], f"{type(ref).__name__}.{k}"))
         if dicts:
             owners = {}
             for o in gc.get_referrers(*[d for d, _, _ in dicts]):
@@ -79,25 +98,21 @@ class HolderNames:
             for d, k, v in dicts:
                 o = owners.get(id(d))
                 if isinstance(o, types.ModuleType):
-                    candidates.append((_VARIABLE, rank[id(v)], len(k), k))
+                    candidates.append((_VARIABLE, *span[id(v)], k))
                 elif o is not None:
-                    name = f"{type(o).__name__}.{k}"
-                    candidates.append((_ATTR, rank[id(v)], len(name), name))
+                    candidates.append((_ATTR, *span[id(v)], f"{type(o).__name__}.{k}"))
                 elif k.isidentifier():
-                    candidates.append((_KEY, rank[id(v)], len(k), k))
-        if not candidates:
-            return None
-        return min(candidates, key=lambda c: (c[1], c[0], c[2], c[3]))[3]
+                    candidates.append((_KEY, *span[id(v)], k))
+        return candidates
 
     @staticmethod
-    def _fit(t, lo, hi) -> tuple:
-        """How well a view covers the racing bytes [lo, hi): covering first, then smallest."""
+    def _span(t) -> tuple:
+        """The bytes of its storage a view covers."""
         itemsize = t.element_size()
         start = t.storage_offset() * itemsize
         end = start + max(1, t.numel()) * itemsize if t.is_contiguous() else \
             t.untyped_storage().nbytes()
-        covers = hi is None or (start <= lo and hi <= end)
-        return (0 if covers else 1, end - start)
+        return start, end
 
     def _frame_variables(self, ids):
         """(variable, tensor) in the running frames of the program (racecheck's own skipped)."""
