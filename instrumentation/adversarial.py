@@ -89,7 +89,7 @@ def normalize_plan(plan) -> dict:
         plan = {}
     if not isinstance(plan, dict):
         raise PlanError(f"an executor plan is a JSON object, got {type(plan).__name__}")
-    unknown = set(plan) - {"priorities", "host", "change_points", "holds"}
+    unknown = set(plan) - {"priorities", "host", "change_points", "holds", "from"}
     if unknown:
         raise PlanError(f"unknown plan keys: {', '.join(sorted(unknown))}")
     prios = plan.get("priorities", {}) or {}
@@ -112,7 +112,15 @@ def normalize_plan(plan) -> dict:
         holds = normalize_holds(holds)          # one validation for sim plans and GPU delay plans
     except DelayPlanError as exc:
         raise PlanError(str(exc)) from None
-    return {"priorities": out_prios, "host": host, "change_points": cps, "holds": holds}
+    out = {"priorities": out_prios, "host": host, "change_points": cps, "holds": holds}
+    start = plan.get("from", "start")
+    if start not in ("start", "serving"):
+        raise PlanError(f"plan 'from' is \"start\" or \"serving\", got {start!r}")
+    if start == "serving":
+        # the program's start-up runs in issue order; the plan orders what follows the
+        # program's `serving()` signal (an engine harness gives it before the first request)
+        out["from"] = "serving"
+    return out
 
 
 # -- queue items ----------------------------------------------------------------------------------
@@ -360,6 +368,7 @@ class AdversarialExecutor(Executor):
         self._uc_offset = _storage_use_count_offset()
         self._track = False
         self._registry = None
+        self._in_issue_order = self.plan.get("from") == "serving"     # until `serving()`
 
     # -- binding and names ---------------------------------------------------------------------
     def bind(self, backend) -> None:
@@ -671,10 +680,23 @@ class AdversarialExecutor(Executor):
             return
         self._schedule(lambda: item.done)
 
+    # -- phases of the program ------------------------------------------------------------------
+    def serving(self) -> None:
+        """The program's start-up is over. A plan `from: serving` applies from here on (device
+        work ran as it was issued until now: an engine's start-up, whose races are another
+        question than its serving's, as on an idle GPU)."""
+        with self._lock:
+            if self._in_issue_order:
+                self.sync_all()
+                self._in_issue_order = False
+
     # -- scheduling ---------------------------------------------------------------------------------
     def _host_step(self) -> None:
         """The host took a step: advance time; fast streams (ranked above the host) run."""
         if self._busy:
+            return
+        if self._in_issue_order:
+            self._schedule(lambda: not any(s.queue for s in self._streams.values()))
             return
         self._vt += 1.0
         self._take_step(None)

@@ -383,3 +383,33 @@ def test_stream_names_and_creation_indices_address_the_same_stream():
 def test_threads_share_one_executor():
     got, values, rc, ex = _run(p27_value, {"priorities": {"#2": 3}, "host": 1})
     assert ("RC001", "x") in got and not rc.internal_errors
+
+
+def test_a_plan_from_serving_leaves_start_up_in_issue_order():
+    """`from: serving`: until the program's `serving()` signal device work runs as issued (an
+    engine's start-up); from then on the plan orders it."""
+    late_producer = {"holds": [{"stream": "#1", "before_op": 0, "us": 50}]}
+    program = EXPECTED["P01"][0]
+    eager = _run(program, eager=True)[1]
+    assert not _equal(_run(program, late_producer)[1], eager)
+    # never signalled: the whole program is start-up, so it runs in issue order
+    assert _equal(_run(program, dict(late_producer, **{"from": "serving"}))[1], eager)
+
+    def serving_first(dm, device):
+        dm_ex = ex_box[0]
+        dm_ex.serving()
+        return program(dm, device)
+    ex_box = []
+    ex = AdversarialExecutor(dict(late_producer, **{"from": "serving"}))
+    ex_box.append(ex)
+    with racecheck.session(device="sim", executor=ex) as rc:
+        keep = serving_first(rc.device_module, "cpu")
+    values = {k: v.clone() for k, v in sorted(keep.items()) if isinstance(v, torch.Tensor)}
+    assert not _equal(values, eager), "after serving() the hold applies"
+
+
+def test_plan_from_is_validated_and_canonical():
+    assert "from" not in normalize_plan({"from": "start"})
+    assert normalize_plan({"from": "serving"})["from"] == "serving"
+    with pytest.raises(PlanError, match="'from'"):
+        normalize_plan({"from": "later"})

@@ -64,3 +64,19 @@ def test_max_steps_counts_per_phase():
     assert not sched.gracefully_exit               # 3 steps into phase 2, not yet 3 past it
     feeder.arrivals(sched)
     assert sched.gracefully_exit
+
+
+def test_drawn_plans_for_the_engine_start_at_serving():
+    from hypothesis import HealthCheck, given, settings
+
+    from racecheck import scenarios
+    from racecheck.fuzz import strategies as rs
+    seen = []
+
+    @settings(max_examples=30, database=None, derandomize=True, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(ex=rs.examples(scenarios.get("sglang-eagle-v2")))
+    def draw(ex):
+        seen.append(ex["plan"])
+    draw()
+    assert seen and all(p.get("from") == "serving" for p in seen)

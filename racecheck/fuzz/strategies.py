@@ -142,8 +142,10 @@ def examples(draw, sc, variant=None, *, device: str = "sim", draw_switches: bool
              fixed: dict | None = None, draw_plan: bool = True):
     """One fuzz example: {"config": knob overrides, "seed": 0, "plan": executor plan or None}.
 
-    On sim the plan is a whole adversarial-executor plan; on a GPU/NPU only its holds are drawn
-    (a delay plan: `racecheck.session(delay_plan=...)` sleeps on the held streams)."""
+    On sim the plan is a whole adversarial-executor plan (from the program's start, or, for a
+    scenario with `plan_from = "serving"`, from its engine's first request); on a GPU/NPU only
+    its holds are drawn (a delay plan: `racecheck.session(delay_plan=...)` sleeps on the held
+    streams)."""
     cfg = draw(configs(sc, variant, draw_switches=draw_switches, fixed=fixed))
     plan = None
     if draw_plan:
@@ -151,6 +153,8 @@ def examples(draw, sc, variant=None, *, device: str = "sim", draw_switches: bool
             # one_of(empty, drawn): the shrinker drops a plan the failure does not need in one step
             plan = draw(st.one_of(st.just(None), plans())) or {
                 "priorities": {}, "host": 0, "change_points": [], "holds": []}
+            if getattr(sc, "plan_from", "start") == "serving":
+                plan = dict(plan, **{"from": "serving"})      # the engine's start-up in order
         else:   # a real device schedules itself: draw only the delays (slept on the streams)
             plan = {"priorities": {}, "host": 0, "change_points": [], "holds": draw(holds())}
     return {"config": cfg, "seed": 0, "plan": plan}

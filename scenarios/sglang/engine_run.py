@@ -129,7 +129,13 @@ def _run(cfg: dict, rc, *, gpu: bool) -> dict:
         if cfg.get("forward_delay_us"):
             stack.enter_context(_forward_delay(_delay(rc, gpu), cfg["forward_delay_us"]))
 
+        # start-up is over when the loop first asks for requests: an execution-order plan
+        # `from: serving` (the fuzzer's, for these scenarios) orders only the traffic
+        executor = getattr(getattr(rc, "backend", None), "executor", None)
+
         def on_start(scheduler):
+            if hasattr(executor, "serving"):
+                executor.serving()
             if rc is not None:
                 name_streams(rc, scheduler)
                 if hicache_on:
