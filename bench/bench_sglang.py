@@ -7,6 +7,10 @@ one `racecheck run` worth of work in a fresh process per phase split (scheduler 
 graph capture included; sglang's event loop; the serialized reference run) and how many loop
 iterations ran. Phases come from the front door's own clock (`server.TIMINGS`). `--quick` runs
 the smallest schedule with graphs off (CI keeps the script working; it asserts nothing).
+
+Then, side by side in one process: what importing sglang costs a forked engine process (every
+run, instrumented or reference, is one) from a cold parent, and from a parent warmed by
+`scenarios/fresh.py` (sglang's dependencies imported once; the child imports sglang itself).
 """
 from __future__ import annotations
 
@@ -41,6 +45,32 @@ print(json.dumps({"import": t_import, "run": total, **server.TIMINGS,
 """
 
 
+WARM = r"""
+import json, sys, time
+from racecheck import scenarios
+from racecheck.scenarios import fresh
+sc = scenarios.get(sys.argv[1])
+
+def child_import():
+    t = time.perf_counter()
+    sc.import_engine()
+    return time.perf_counter() - t
+cold = fresh.call(child_import)
+t = time.perf_counter()
+fresh.warm(sc)
+warm_cost = time.perf_counter() - t
+warm = fresh.call(child_import)
+print(json.dumps({"cold": cold, "warm": warm, "warming": warm_cost}))
+"""
+
+
+def warm_imports(scenario: str) -> dict:
+    p = subprocess.run([sys.executable, "-c", WARM, scenario], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"bench_sglang: the import measurement failed:\n{p.stderr[-3000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
 def phase(scenario: str, cfg: dict) -> dict:
     p = subprocess.run([sys.executable, "-c", CHILD, scenario, json.dumps(cfg)],
                        capture_output=True, text=True)
@@ -70,6 +100,10 @@ def main(argv=None) -> int:
           f"import {got['import']:.1f}s + construction {got['construction']:.1f}s (graph capture "
           f"included) + loop {got['loop']:.1f}s ({got['iterations']} iterations, "
           f"{got['events']} events, {got['findings']} findings) + the rest")
+    w = warm_imports(args.scenario)
+    print(f"importing sglang in an engine process: cold parent {w['cold']:.1f}s, warmed parent "
+          f"{w['warm']:.1f}s ({w['cold'] / max(w['warm'], 1e-9):.1f}x; warming, once per "
+          f"process: {w['warming']:.1f}s)")
     return 0
 
 
