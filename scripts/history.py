@@ -30,6 +30,7 @@ CONFIGS = {
     "hip": ("sglang-eagle-v2", ["flavour=hip", "graphs=off"]),
     "npu": ("sglang-eagle-v2", ["flavour=npu", "graphs=off"]),
     "overlap": ("sglang-overlap", ["graphs=off"]),
+    "hicache": ("sglang-hicache", []),
 }
 SEEDS = ("no-verify_plan_wait", "no-draft_extend_plan_wait", "no-verify_join",
          "no-futuremap_publish_wait", "no-war_barrier")
@@ -46,6 +47,16 @@ FIXES = [
      "#21940's ordering back after its revert)", "0.5.20"),
     ("draft-extend prep on the plan stream waits for the forward stream "
      "(`_draft_extend_for_decode`, the #40025 report)", "0.5.22"),
+]
+
+# HiCache's device<->host transfer orderings (sglang-hicache), and the first release with each,
+# from the releases' sources: what the scheduler and HiCacheController add.
+HICACHE_FIXES = [
+    ("load-back copies wait for the forward stream (`HiCacheController.start_loading`: the "
+     "host-to-device stream waits for `load_fence_stream`, which the scheduler sets to its "
+     "forward stream; the fence upstream #36738 describes)", "0.5.19"),
+    ("backups wait for the forward stream (`HiCacheController.start_writing`: the "
+     "device-to-host stream waits for `write_fence_stream`, the forward stream)", "0.5.23"),
 ]
 
 
@@ -126,8 +137,13 @@ def render(results: dict, releases: list, configs: list, seeds: bool) -> str:
              "of the races docs/FINDINGS.md triages (the start-up writes on the default stream, "
              "the draft-extend graph's padded rows), matched by the scenario's known-races file. "
              "On sglang 0.5.16 to 0.5.21 the draft-extend plan stream runs without a wait, and on "
-             "0.5.18 and 0.5.19 the verify plan stream too: FINDINGS.md has the evidence.", "",
+             "0.5.16 to 0.5.19 the verify plan stream too (seen with graphs on): FINDINGS.md has "
+             "the evidence.", "",
              "## As shipped", "",
+             *(["`hicache` is `sglang-hicache` (the hierarchical KV cache, docs/SGLANG.md): "
+                "the release's own HiCache controller, host pool and transfer streams on a "
+                "schedule that backs prefixes up to host and loads them back.", ""]
+               if "hicache" in configs else []),
              "| release | " + " | ".join(configs) + " |",
              "| --- | " + " | ".join("---" for _ in configs) + " |"]
     for version in releases:
@@ -140,6 +156,8 @@ def render(results: dict, releases: list, configs: list, seeds: bool) -> str:
         for version in releases:
             cells = [describe(results[(version, f"seed {s}")]) for s in SEEDS]
             lines.append(f"| {version} | " + " | ".join(cells) + " |")
+    if not {"cuda-eager", "cuda-graphs"} & set(configs):
+        return "\n".join(lines + _hicache_fixes(results, releases, configs) + [""])
     lines += ["", "## Upstream fixes: the release before", "",
               "| fix | first release with it | release before | what racecheck reports there "
               "(cuda, eager / graphs) |", "| --- | --- | --- | --- |"]
@@ -155,8 +173,24 @@ def render(results: dict, releases: list, configs: list, seeds: bool) -> str:
         seen = " / ".join(describe(results[(prev, c)]) for c in ("cuda-eager", "cuda-graphs")
                           if (prev, c) in results)
         lines.append(f"| {fix} | {first} | {prev} | {seen} |")
+    lines += _hicache_fixes(results, releases, configs)
     lines.append("")
     return "\n".join(lines)
+
+
+def _hicache_fixes(results: dict, releases: list, configs: list) -> list:
+    """The HiCache orderings' table: what `sglang-hicache` reports on the release before each."""
+    if "hicache" not in configs:
+        return []
+    lines = ["", "## HiCache orderings: the release before", "",
+             "| ordering | first release with it | release before | what racecheck reports "
+             "there (`sglang-hicache` as shipped) |", "| --- | --- | --- | --- |"]
+    for fix, first in HICACHE_FIXES:
+        before = [v for v in releases if version_key(v) < version_key(first)]
+        prev = before[-1] if before else None
+        cell = describe(results[(prev, "hicache")]) if prev else "no release before it was run"
+        lines.append(f"| {fix} | {first} | {prev or '-'} | {cell} |")
+    return lines
 
 
 def main(argv=None) -> int:

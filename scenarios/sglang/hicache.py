@@ -133,7 +133,10 @@ def stand_ins():
     with contextlib.ExitStack() as stack:
         device_module = torch.get_device_module("cuda")
         for name in DEVICE_MODULE_OWNERS:
-            mod = importlib.import_module(name)
+            try:
+                mod = importlib.import_module(name)
+            except ImportError:             # l2_transfer.py is newer than 0.5.16
+                continue
             if "device_module" in vars(mod):
                 stack.enter_context(patched(mod, "device_module", device_module))
         mha = importlib.import_module(MHA_HOST)
@@ -233,9 +236,9 @@ def _run(cfg: dict, ctx) -> dict:
     from .engine_run import run_pipeline
     run_cfg = dict(cfg, server_args=server_args(cfg))
     TRANSFERS.clear()
-    with _counting_transfers():
+    with _counting_transfers() as counted:
         out = run_pipeline(run_cfg, ctx)
-    if not cfg.get("_reference"):
+    if counted and not cfg.get("_reference"):
         # how often KV went each way (the reference, which evicts nothing, has no such field,
         # so the differential oracle compares the tokens only)
         out["hicache"] = {"device_to_host": TRANSFERS.get("device_to_host", 0),
@@ -252,8 +255,8 @@ def _counting_transfers():
     imports.install()
     try:
         mod = importlib.import_module("sglang.srt.mem_cache.l2_transfer")
-    except ImportError:
-        yield
+    except ImportError:             # releases before the transfer engine: not counted
+        yield False
         return
     Engine = mod.L2TransferEngine
     with contextlib.ExitStack() as stack:
@@ -265,7 +268,7 @@ def _counting_transfers():
                 return _original(self, *args, **kwargs)
             counted.__wrapped__ = original
             stack.enter_context(patched(Engine, f"submit_{direction}", counted))
-        yield
+        yield True
 
 
 # What `racecheck fuzz sglang-hicache` draws (every value a ServerArgs setting sglang ships, or
