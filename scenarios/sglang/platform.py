@@ -16,7 +16,8 @@ npu   the Ascend branches of the speculative worker (mrope recompute after the p
       WAR barrier; Ascend tensors are not `is_cuda`.
 
 Kernels sglang implements only as CUDA C++ (tree build, greedy verify) run as the Triton
-versions sglang ships for XPU, on every flavour: same inputs, same outputs.
+versions sglang ships for XPU, on every flavour: same inputs, same outputs. Releases that ship no
+Triton version (before 0.5.15) get racecheck's torch stand-ins instead (tree_ops.py).
 """
 from __future__ import annotations
 
@@ -59,11 +60,15 @@ def flavour(name: str):
                 if mod is not None and call in vars(mod):
                     stack.enter_context(patched(mod, call, lambda: True))
                     applied.append(f"{modname}.{call}()")
+        triton_tree = False
         for touch in surface.TRITON_TREE:
             if touch.exists():
                 owner, flag = touch.owner_and_name()
                 stack.enter_context(patched(owner, flag, True))
                 applied.append(touch.target)
+                triton_tree = True
+        if not triton_tree:
+            stack.enter_context(_tree_build_stand_in(applied))
         stack.enter_context(_greedy_verify_in_triton(applied))
         if surface.CAPABILITIES.exists() and surface.CAPABILITIES_TYPE.exists():
             owner, attr = surface.CAPABILITIES.owner_and_name()
@@ -82,9 +87,12 @@ def _greedy_verify_in_triton(applied: list):
     """Releases whose CUDA branch of greedy verify imports a C++ op (`verify_tree_greedy` from
     sgl_kernel or sglang's JIT kernels) get sglang's own Triton version under that name."""
     eagle_utils = _module("sglang.srt.speculative.eagle_utils")
-    if eagle_utils is None or not surface.VERIFY_GREEDY_TRITON.exists() \
-            or "_is_cuda" not in vars(eagle_utils):
+    if eagle_utils is None or "_is_cuda" not in vars(eagle_utils):
         yield
+        return
+    if not surface.VERIFY_GREEDY_TRITON.exists():
+        with _greedy_verify_stand_in(applied):
+            yield
         return
     triton_verify = surface.VERIFY_GREEDY_TRITON.get()
 
@@ -98,6 +106,41 @@ def _greedy_verify_in_triton(applied: list):
                 stack.enter_context(_in_sys_modules(modname, mod))
             stack.enter_context(patched(mod, "verify_tree_greedy", verify_tree_greedy))
             applied.append(f"{modname}.verify_tree_greedy -> Triton")
+        yield
+
+
+@contextlib.contextmanager
+def _tree_build_stand_in(applied: list):
+    """A release without sglang's Triton tree build (before 0.5.15) calls sgl_kernel's CUDA op
+    under the name `sgl_build_tree_kernel_efficient`, bound only when the module was imported
+    on CUDA/HIP: racecheck's torch stand-in (tree_ops.py), a declared kernel, is bound there."""
+    if not surface.NATIVE_TREE_BUILD.exists():
+        yield
+        return
+    from . import tree_ops
+    owner, _name = surface.NATIVE_TREE_BUILD.owner_and_name()
+    with patched(owner, "sgl_build_tree_kernel_efficient", tree_ops.build_tree_kernel_efficient):
+        applied.append(f"{owner.__name__}.sgl_build_tree_kernel_efficient -> racecheck torch "
+                       "stand-in")
+        yield
+
+
+@contextlib.contextmanager
+def _greedy_verify_stand_in(applied: list):
+    """A release without sglang's Triton greedy verify (before 0.5.15) imports sgl_kernel's
+    `verify_tree_greedy` when it verifies on CUDA/HIP: racecheck's torch stand-in
+    (tree_ops.py), a declared kernel, is that name."""
+    if not surface.NATIVE_GREEDY_VERIFY.exists():
+        yield
+        return
+    from . import tree_ops
+    with contextlib.ExitStack() as stack:
+        mod = sys.modules.get("sgl_kernel") or _module("sgl_kernel")
+        if mod is None:
+            mod = types.ModuleType("sgl_kernel")
+            stack.enter_context(_in_sys_modules("sgl_kernel", mod))
+        stack.enter_context(patched(mod, "verify_tree_greedy", tree_ops.verify_tree_greedy))
+        applied.append("sgl_kernel.verify_tree_greedy -> racecheck torch stand-in")
         yield
 
 

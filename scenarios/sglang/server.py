@@ -83,6 +83,12 @@ def server_args(shape: Shape):
     kw["cuda_graph_bs_decode" if "cuda_graph_bs_decode" in accepted else "cuda_graph_bs"] = graph_bs
     kw["cuda_graph_max_bs_decode" if "cuda_graph_max_bs_decode" in accepted
        else "cuda_graph_max_bs"] = max(graph_bs)
+    if "disable_piecewise_cuda_graph" in accepted:
+        # 0.5.10-0.5.13 turn the piecewise prefill graph (torch.compile around a custom
+        # attention op registered for the CUDA dispatch key only) on by default, even with
+        # disable_cuda_graph; sim tensors dispatch as CPU tensors. sglang's own flag (the one its
+        # error message names) keeps it off; later releases' disable_cuda_graph covers it
+        kw["disable_piecewise_cuda_graph"] = True
     if shape.speculative:
         kw.update(speculative_algorithm="EAGLE",
                   speculative_draft_model_path=os.path.join(MODEL_DIR, "draft"),

@@ -19,7 +19,7 @@ from racecheck.errors import UsageError
 # The first release the front door runs (docs/HISTORY.md): older ones build EAGLE's draft tree
 # only with sgl_kernel's CUDA op (no Triton version a CPU can run), and 0.5.4-0.5.15 lack modules
 # the spec-v2 path of later releases reads (docs/SGLANG_RELEASES.md).
-OLDEST = "0.5.16"
+OLDEST = "0.5.13"
 NEWEST = "0.5.23"
 SUPPORTED = f"{OLDEST} to {NEWEST} and source checkouts of that line"
 
@@ -160,6 +160,9 @@ PLATFORM_FLAGS = {
         "sglang.srt.managers.overlap_utils": ("_is_cuda",),
         "sglang.kernels.ops.speculative.cache_locs": ("_is_cuda",),
         "sglang.srt.mem_cache.allocation": ("_is_cuda",),
+        # the same two before 0.5.16 moved them (0.5.10-0.5.15)
+        "sglang.srt.speculative.triton_ops.cache_locs": ("_is_cuda",),
+        "sglang.srt.mem_cache.common": ("_is_cuda",),
     },
     "hip": {
         "sglang.srt.speculative.eagle_worker_v2": ("_is_hip",),
@@ -170,6 +173,8 @@ PLATFORM_FLAGS = {
         "sglang.srt.model_executor.forward_batch_info": ("_is_hip",),
         "sglang.kernels.ops.speculative.cache_locs": ("_is_hip",),
         "sglang.srt.mem_cache.allocation": ("_is_hip",),
+        "sglang.srt.speculative.triton_ops.cache_locs": ("_is_hip",),
+        "sglang.srt.mem_cache.common": ("_is_hip",),
     },
     "npu": {
         "sglang.srt.speculative.eagle_worker_common": ("_is_npu",),
@@ -191,6 +196,17 @@ TRITON_TREE = (Touch("sglang.kernels.ops.speculative.spec_tree:_is_xpu",
                      "tree build in Triton (0.5.23)", optional=True),
                Touch("sglang.srt.speculative.eagle_utils:_is_xpu",
                      "tree build in Triton (before 0.5.23)", optional=True))
+# Releases before sglang shipped those Triton kernels (0.5.10-0.5.14; 0.5.15 has them in
+# eagle_utils) call sgl_kernel's CUDA ops only: the flavours put racecheck's torch stand-ins
+# (tree_ops.py, declared kernels) under the names sglang calls, for those releases only.
+NATIVE_TREE_BUILD = Touch("sglang.srt.speculative.eagle_utils:build_tree_kernel_efficient",
+                          "0.5.10-0.5.14: calls sgl_kernel's build_tree_kernel_efficient through "
+                          "the module name sgl_build_tree_kernel_efficient (bound at import on "
+                          "CUDA/HIP only): tree_ops' stand-in is bound there", optional=True)
+NATIVE_GREEDY_VERIFY = Touch("sglang.srt.speculative.eagle_utils:verify_tree_greedy_func",
+                             "0.5.10-0.5.14: imports sgl_kernel's verify_tree_greedy when it is "
+                             "called on CUDA/HIP: tree_ops' stand-in is that name",
+                             optional=True)
 VERIFY_GREEDY_TRITON = Touch("sglang.srt.speculative.eagle_utils:verify_tree_greedy_triton",
                              "greedy verify in Triton, for releases whose CUDA branch calls the "
                              "C++ op", optional=True)
