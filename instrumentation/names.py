@@ -25,21 +25,42 @@ _ATTR, _VARIABLE, _KEY = 0, 1, 2          # holder kinds, best first
 
 
 class HolderNames:
+    """`namer(storage, lo, hi)` for the checker (`Sink.set_namer`), with `prefetch(storages)`:
+    the storages of one batch of findings are resolved in one pass over the collector's
+    objects, which is what costs (seconds in a large engine process), not per storage."""
+
     def __init__(self, registry):
         self.registry = registry
         self._cache: dict = {}
         self._holders: dict = {}        # storage -> [(kind, view start, view end, name)]
+
+    def __call__(self, storage: int, lo: int = 0, hi: int | None = None) -> str | None:
+        return self.name_of(storage, lo, hi)
 
     def name_of(self, storage: int, lo: int = 0, hi: int | None = None) -> str | None:
         key = (storage, lo, hi)
         if key in self._cache:
             return self._cache[key]
         try:
-            name = self._best(self._holders_of(storage), lo, hi)
+            if storage not in self._holders:
+                self.prefetch((storage,))
+            name = self._best(self._holders.get(storage), lo, hi)
         except Exception:       # naming is a courtesy: never let it break a report
             name = None
         self._cache[key] = name
         return name
+
+    def prefetch(self, storages) -> None:
+        """Find the holders of every storage not resolved yet, in one walk."""
+        todo = [st for st in dict.fromkeys(storages) if st not in self._holders]
+        if not todo:
+            return
+        try:
+            found = self._resolve(todo)
+        except Exception:       # naming is a courtesy
+            found = {}
+        for st in todo:
+            self._holders[st] = found.get(st, [])
 
     def forget(self, storage: int) -> None:
         for k in [k for k in self._cache if k[0] == storage]:
@@ -47,37 +68,44 @@ class HolderNames:
         self._holders.pop(storage, None)
 
     # -- resolution ----------------------------------------------------------------------------
-    def _holders_of(self, storage) -> list:
-        """Who holds the storage's tensors, found once per storage (the garbage collector's
-        walk is the expensive part; each racing byte range then picks its best holder)."""
-        found = self._holders.get(storage)
-        if found is None:
-            found = self._holders[storage] = self._resolve(storage)
-        return found
-
     @staticmethod
     def _best(holders, lo, hi):
         if not holders:
             return None
+
         def rank(h):
             kind, start, end, name = h
             covers = hi is None or (start <= lo and hi <= end)
             return (0 if covers else 1, end - start, kind, len(name), name)
         return min(holders, key=rank)[3]
 
-    def _resolve(self, storage) -> list:
-        cdata = self.registry.cdata_of(storage)
-        if cdata is None:
-            return []
-        tensors = [o for o in gc.get_objects() if type(o) in _TENSOR_TYPES
-                   and o.untyped_storage()._cdata == cdata]
+    def _resolve(self, storages) -> dict:
+        """storage -> [(holder kind, view start, view end, name)] for the live tensors on each."""
+        want = {}
+        for st in storages:
+            cdata = self.registry.cdata_of(st)
+            if cdata is not None:
+                want[cdata] = st
+        if not want:
+            return {}
+        owner = {}              # id(tensor) -> storage
+        tensors = []
+        for o in gc.get_objects():
+            if type(o) in _TENSOR_TYPES:
+                st = want.get(o.untyped_storage()._cdata)
+                if st is not None:
+                    owner[id(o)] = st
+                    tensors.append(o)
         if not tensors:
-            return []
+            return {}
         span = {id(t): self._span(t) for t in tensors}
         ids = {id(t): t for t in tensors}
-        candidates = []         # (holder kind, view start, view end, name)
+        out: dict = {}
+
+        def add(t, kind, name):
+            out.setdefault(owner[id(t)], []).append((kind, *span[id(t)], name))
         for name, t in self._frame_variables(ids):
-            candidates.append((_VARIABLE, *span[id(t)], name))
+            add(t, _VARIABLE, name)
         dicts = []
         for ref in gc.get_referrers(*tensors):
             if isinstance(ref, dict):
@@ -88,7 +116,7 @@ class HolderNames:
                 # an instance whose attributes live inline (no __dict__ object made yet)
                 for k, v in getattr(ref, "__dict__", {}).items():
                     if id(v) in ids and v is ids[id(v)]:
-                        candidates.append((_ATTR, *span[id(v)], f"{type(ref).__name__}.{k}"))
+                        add(v, _ATTR, f"{type(ref).__name__}.{k}")
         if dicts:
             owners = {}
             for o in gc.get_referrers(*[d for d, _, _ in dicts]):
@@ -98,12 +126,12 @@ class HolderNames:
             for d, k, v in dicts:
                 o = owners.get(id(d))
                 if isinstance(o, types.ModuleType):
-                    candidates.append((_VARIABLE, *span[id(v)], k))
+                    add(v, _VARIABLE, k)
                 elif o is not None:
-                    candidates.append((_ATTR, *span[id(v)], f"{type(o).__name__}.{k}"))
+                    add(v, _ATTR, f"{type(o).__name__}.{k}")
                 elif k.isidentifier():
-                    candidates.append((_KEY, *span[id(v)], k))
-        return candidates
+                    add(v, _KEY, k)
+        return out
 
     @staticmethod
     def _span(t) -> tuple:

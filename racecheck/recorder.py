@@ -86,7 +86,9 @@ class Recorder:
             self._fast_emit.divert = int(bool(self._unresolved or self._liveness is not None))
 
     def set_namer(self, namer) -> None:
-        """`namer(storage, lo, hi) -> str | None`: the program's name for an unnamed tensor."""
+        """`namer(storage, lo, hi) -> str | None`: the program's name for an unnamed tensor. A
+        namer may also offer `prefetch(storages)`: the checker then asks for the storages of
+        one event's findings together (a namer that walks the process's objects walks once)."""
         self._checker.namer = namer
 
     # -- ids and timelines ----------------------------------------------------------------------
