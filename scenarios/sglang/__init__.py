@@ -219,12 +219,17 @@ def _import_engine() -> None:
     import_sglang(False)
 
 
-# each fresh process imports sglang itself, under its run's routing; the packages sglang pulls
-# in are imported once in the parent (scenarios/fresh.py `warm`). Triton is sglang's: its
-# interpreter mode is the run's environment.
-for _sc in (SCENARIO, OVERLAP_SCENARIO):
-    _sc.import_engine = _import_engine
-    _sc.engine_packages = ("sglang", "sgl_kernel", "flashinfer", "triton")
+def engine_setup(sc) -> None:
+    """What every scenario of the real engine shares beyond its knobs."""
+    # each fresh process imports sglang itself, under its run's routing; the packages sglang
+    # pulls in are imported once in the parent (scenarios/fresh.py `warm`). Triton is sglang's:
+    # its interpreter mode is the run's environment.
+    sc.import_engine = _import_engine
+    sc.engine_packages = ("sglang", "sgl_kernel", "flashinfer", "triton")
     # drawn execution-order plans start at the first request: start-up's default-stream writes
     # are a triaged race (docs/FINDINGS.md) that a drawn order would only show again as a crash
-    _sc.plan_from = "serving"
+    sc.plan_from = "serving"
+
+
+for _sc in (SCENARIO, OVERLAP_SCENARIO):
+    engine_setup(_sc)

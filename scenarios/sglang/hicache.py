@@ -345,6 +345,8 @@ def _scenario():
                                      "known-races.supp")
     sc.fresh_process = True
     sc.engine_modules = ("sglang.",)
+    from . import engine_setup
+    engine_setup(sc)
     # the reviewed sync mutation table of the tested release (docs/MUTATE_SGLANG.md)
     sc.mutate_baseline = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                       "mutate-hicache-0.5.23.json")
