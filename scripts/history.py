@@ -4,7 +4,8 @@ upstream fix: writes docs/HISTORY.md.
     python scripts/history.py --release 0.5.23=.venv --release 0.5.20=DIR ... [--out FILE]
                               [--configs cuda-eager,cuda-graphs,hip,npu] [--seeds] [--jobs N]
 
-Each `--release VERSION=VENV` names an environment set up by
+The supported range, one release per minor: 0.5.10.post1, 0.5.11, 0.5.12.post1, 0.5.13.post1,
+0.5.14, 0.5.15.post1, 0.5.16 ... 0.5.23. Each `--release VERSION=VENV` names an environment set up by
 `SGLANG=VERSION VENV=DIR bash scripts/setup.sh`; every run is `racecheck run` in that
 environment, so a release's own imports, constructors and event loop are what is checked.
 `--seeds` also runs each seed variant (a dropped upstream synchronization) where the release
@@ -43,6 +44,8 @@ FIXES = [
     ("#23423 NPU mrope positions recomputed after the plan-stream join", "0.5.12"),
     ("#26292 req_pool_indices zeroed in graph padding (PaddingPolicy.ZERO)", "0.5.13"),
     ("#25879/#26380 seq_lens through FutureMap.publish / publish_ready", "0.5.13"),
+    ("WAR barrier: the schedule stream waits for the forward before the next schedule "
+     "(`Scheduler._apply_war_barrier`)", "0.5.14"),
     ("verify prep on the plan stream waits for the forward stream (`run_eagle_verify`: "
      "#21940's ordering back after its revert)", "0.5.20"),
     ("draft-extend prep on the plan stream waits for the forward stream "
@@ -136,9 +139,11 @@ def render(results: dict, releases: list, configs: list, seeds: bool) -> str:
              "docs/RULES.md) and lists the findings by rule and tensor; `(+N triaged)` counts the findings "
              "of the races docs/FINDINGS.md triages (the start-up writes on the default stream, "
              "the draft-extend graph's padded rows), matched by the scenario's known-races file. "
-             "On sglang 0.5.16 to 0.5.21 the draft-extend plan stream runs without a wait, and on "
-             "0.5.16 to 0.5.19 the verify plan stream too (seen with graphs on): FINDINGS.md has "
-             "the evidence.", "",
+             "On sglang 0.5.13 to 0.5.21 the draft-extend plan stream runs without a wait, and on "
+             "0.5.13 to 0.5.19 the verify plan stream too (seen with graphs on): FINDINGS.md has "
+             "the evidence (for 0.5.16 on; 0.5.13 to 0.5.15: docs/SGLANG_RELEASES.md). On 0.5.10, "
+             "the release before #21940, verify's graph prep reads the draft's outputs without a "
+             "wait.", "",
              "## As shipped", "",
              *(["`hicache` is `sglang-hicache` (the hierarchical KV cache, docs/SGLANG.md): "
                 "the release's own HiCache controller, host pool and transfer streams on a "

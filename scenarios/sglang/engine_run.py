@@ -97,8 +97,8 @@ def _run(cfg: dict, rc, *, gpu: bool) -> dict:
     imports.install()
     env = dict(_SIM_ENV) if not gpu else dict(_GPU_ENV)
     if cfg.get("speculative", True):
-        # spec v2 is always on from 0.5.14 (surface.OLDEST is later); the plan streams are an
-        # option every release has, off by default
+        # spec v2 is always on from 0.5.14 (before: surface.SPEC_V2_SWITCH, below); the plan
+        # streams are an option every release has, off by default
         env["SGLANG_ENABLE_OVERLAP_PLAN_STREAM"] = "1" if cfg.get("plan_stream", True) else "0"
     war_barrier = platform.WAR_BARRIER[cfg["flavour"]] or cfg.get("war_barrier") == "on"
     # is_cuda() is False on a CPU: the cuda flavour's barrier comes through sglang's own switch
@@ -116,6 +116,9 @@ def _run(cfg: dict, rc, *, gpu: bool) -> dict:
         missing = surface.missing()
         if missing:
             raise surface.mismatch(f"no {missing[0]}")
+        if cfg.get("speculative", True) and surface.SPEC_V2_SWITCH.exists():
+            # 0.5.10-0.5.13: spec v2 behind sglang's own switch (off by default in 0.5.10)
+            stack.enter_context(_environment({"SGLANG_ENABLE_SPEC_V2": "1"}))
         stack.enter_context(platform.flavour(cfg["flavour"]))
         hicache_on = bool((cfg.get("server_args") or {}).get("enable_hierarchical_cache"))
         if hicache_on:

@@ -16,10 +16,13 @@ from dataclasses import dataclass
 
 from racecheck.errors import UsageError
 
-# The first release the front door runs (docs/HISTORY.md): older ones build EAGLE's draft tree
-# only with sgl_kernel's CUDA op (no Triton version a CPU can run), and 0.5.4-0.5.15 lack modules
-# the spec-v2 path of later releases reads (docs/SGLANG_RELEASES.md).
-OLDEST = "0.5.13"
+# The first release the front door runs: 0.5.10.post1-0.5.15.post1 run as shipped (eagle-v2
+# graphs on and off, sglang-overlap: docs/SGLANG_RELEASES.md), as 0.5.16-0.5.23 do. Before
+# 0.5.15 sglang builds and verifies EAGLE's draft tree only with sgl_kernel's CUDA ops: the
+# flavours bind racecheck's torch stand-ins there (tree_ops.py; NATIVE_TREE_BUILD,
+# NATIVE_GREEDY_VERIFY below). 0.5.4-0.5.9 import with the shims (imports.py) but were not tried
+# through the front door.
+OLDEST = "0.5.10"
 NEWEST = "0.5.23"
 SUPPORTED = f"{OLDEST} to {NEWEST} and source checkouts of that line"
 
@@ -120,6 +123,12 @@ RECV = Touch("sglang.srt.managers.io_struct:sock_recv",
 RUN_BATCH = Touch(f"{SCHEDULER}:Scheduler.run_batch",
                   "forward_delay_us holds the forward stream back before each batch launches")
 
+SPEC_V2_SWITCH = Touch("sglang.srt.environ:envs.SGLANG_ENABLE_SPEC_V2",
+                       "0.5.10-0.5.13: EAGLEWorkerV2 (spec v2, the overlap plan streams) is "
+                       "behind sglang's own switch, off by default in 0.5.10 and on in "
+                       "0.5.11-0.5.13: an EAGLE run sets it (a configuration sglang ships); "
+                       "0.5.14 on, spec v2 is always on and the name is gone", optional=True)
+
 # Naming: streams by the attribute sglang keeps them in (cosmetic: a missing one stays unnamed).
 STREAMS = (
     ("schedule_stream", ("schedule_stream",)),
@@ -160,7 +169,10 @@ PLATFORM_FLAGS = {
         "sglang.srt.managers.overlap_utils": ("_is_cuda",),
         "sglang.kernels.ops.speculative.cache_locs": ("_is_cuda",),
         "sglang.srt.mem_cache.allocation": ("_is_cuda",),
-        # the same two before 0.5.16 moved them (0.5.10-0.5.15)
+        # the same before 0.5.16 moved them: verify's cache locations in eagle_info_v2
+        # (0.5.10-0.5.13), then triton_ops/cache_locs (0.5.13-0.5.15); allocation in
+        # mem_cache/common (0.5.15)
+        "sglang.srt.speculative.eagle_info_v2": ("_is_cuda",),
         "sglang.srt.speculative.triton_ops.cache_locs": ("_is_cuda",),
         "sglang.srt.mem_cache.common": ("_is_cuda",),
     },
@@ -173,6 +185,7 @@ PLATFORM_FLAGS = {
         "sglang.srt.model_executor.forward_batch_info": ("_is_hip",),
         "sglang.kernels.ops.speculative.cache_locs": ("_is_hip",),
         "sglang.srt.mem_cache.allocation": ("_is_hip",),
+        "sglang.srt.speculative.eagle_info_v2": ("_is_hip",),
         "sglang.srt.speculative.triton_ops.cache_locs": ("_is_hip",),
         "sglang.srt.mem_cache.common": ("_is_hip",),
     },
