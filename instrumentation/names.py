@@ -27,7 +27,8 @@ _ATTR, _VARIABLE, _KEY = 0, 1, 2          # holder kinds, best first
 class HolderNames:
     """`namer(storage, lo, hi)` for the checker (`Sink.set_namer`), with `prefetch(storages)`:
     the storages of one batch of findings are resolved in one pass over the collector's
-    objects, which is what costs (seconds in a large engine process), not per storage."""
+    objects, which is what costs (seconds in a large engine process), not once per storage and
+    byte range. A name, once given to a (storage, bytes) pair, stays."""
 
     def __init__(self, registry):
         self.registry = registry
@@ -43,24 +44,25 @@ class HolderNames:
             return self._cache[key]
         try:
             if storage not in self._holders:
-                self.prefetch((storage,))
-            name = self._best(self._holders.get(storage), lo, hi)
+                self._holders.update(self._resolve([storage]))
+                self._holders.setdefault(storage, [])
+            name = self._best(self._holders[storage], lo, hi)
         except Exception:       # naming is a courtesy: never let it break a report
             name = None
         self._cache[key] = name
         return name
 
     def prefetch(self, storages) -> None:
-        """Find the holders of every storage not resolved yet, in one walk."""
-        todo = [st for st in dict.fromkeys(storages) if st not in self._holders]
-        if not todo:
-            return
+        """A new batch of findings: forget the holders found for earlier ones (the program
+        may hold its tensors differently now) and find those of `storages` in one walk."""
+        todo = list(dict.fromkeys(storages))
+        self._holders = {}
         try:
-            found = self._resolve(todo)
+            self._holders.update(self._resolve(todo))
         except Exception:       # naming is a courtesy
-            found = {}
+            pass
         for st in todo:
-            self._holders[st] = found.get(st, [])
+            self._holders.setdefault(st, [])
 
     def forget(self, storage: int) -> None:
         for k in [k for k in self._cache if k[0] == storage]:
@@ -70,6 +72,8 @@ class HolderNames:
     # -- resolution ----------------------------------------------------------------------------
     @staticmethod
     def _best(holders, lo, hi):
+        """Covering views first, then the smallest, attributes before variables before keys,
+        then the shortest name."""
         if not holders:
             return None
 

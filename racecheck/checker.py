@@ -1257,11 +1257,11 @@ class Checker:
         pend = self._pend
         self._pend = {}
         prefetch = getattr(self.namer, "prefetch", None)
-        if prefetch is not None and len(pend) > 1:
+        if prefetch is not None and pend:
             # the program's names for this event's unnamed storages, found in one pass
             need = [e.sh.storage for e in pend.values()
                     if e.segs and not self._names.get(e.sh.storage)]
-            if len(need) > 1:
+            if need:
                 prefetch(need)
         for rule, prev, cur, pw, cw, fp, segs, sh in pend.values():
             if not segs:

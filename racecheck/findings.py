@@ -81,11 +81,13 @@ class Finding:
         """What makes this finding one fix with others when judged alone: the rule family, the
         code sites the fix goes to, the missing edge and the fix itself with the tensor's name
         taken out (a fix that differs in anything else, an event, rows, a host read or write, is
-        another group). An RC005 fix goes where the tensor is freed, whatever used it last.
-        `assign_groups` refines this for ordering races, where one wait can cover pairs whose
-        sites differ."""
-        prev = "" if self.rule == "RC005" else _by(self.previous)
-        return (_FAMILY.get(self.rule, self.rule), _by(self.current), prev,
+        another group). RC005's fix is per tensor (`record_stream` on the stream that used it,
+        wherever it is freed): its findings on one edge are one group. `assign_groups` refines
+        this for ordering races, where one wait can cover pairs whose sites differ."""
+        if self.rule == "RC005":
+            return ("RC005", "", "", *self.missing_edge,
+                    _generic_fix(self.suggestion, self.tensor))
+        return (_FAMILY.get(self.rule, self.rule), _by(self.current), _by(self.previous),
                 *self.missing_edge, _generic_fix(self.suggestion, self.tensor))
 
     def group_id(self) -> str:
