@@ -52,9 +52,9 @@ def test_the_release_runs_through_the_front_door(version, venv, tmp_path):
         # stream with no wait, from 0.5.13 (docs/SGLANG_RELEASES.md), fixed in 0.5.22
         assert ("RC001", "ForwardBatch.seq_lens") in shipped, sorted(shipped)
     # one seed: the forward stream's wait for the schedule stream, in every release; dropping
-    # it is silent on 0.5.10 (the same 16 findings, fingerprint for fingerprint, graphs off:
+    # it is silent on 0.5.10 (measured there: the same 16 findings, fingerprint for fingerprint, graphs off:
     # something else of that release orders those accesses, not investigated), so there the
-    # dropped site must only have run (a site that never ran is a usage error, exit 2)
+    # dropped site must only have run before 0.5.11 (a site that never ran is a usage error, exit 2)
     proc, dropped = _run(venv, tmp_path, "--drop-sync", SEED)
     if release_key(version) >= (0, 5, 11):
         assert dropped - shipped, sorted(dropped)

@@ -117,7 +117,7 @@ def _run(cfg: dict, rc, *, gpu: bool) -> dict:
         if missing:
             raise surface.mismatch(f"no {missing[0]}")
         if cfg.get("speculative", True) and surface.SPEC_V2_SWITCH.exists():
-            # 0.5.10-0.5.13: spec v2 behind sglang's own switch (off by default in 0.5.10)
+            # before 0.5.14: spec v2 behind sglang's own switch (off by default up to 0.5.10)
             stack.enter_context(_environment({"SGLANG_ENABLE_SPEC_V2": "1"}))
         stack.enter_context(platform.flavour(cfg["flavour"]))
         hicache_on = bool((cfg.get("server_args") or {}).get("enable_hierarchical_cache"))

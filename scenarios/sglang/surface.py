@@ -16,13 +16,13 @@ from dataclasses import dataclass
 
 from racecheck.errors import UsageError
 
-# The first release the front door runs: 0.5.10.post1-0.5.15.post1 run as shipped (eagle-v2
-# graphs on and off, sglang-overlap: docs/SGLANG_RELEASES.md), as 0.5.16-0.5.23 do. Before
-# 0.5.15 sglang builds and verifies EAGLE's draft tree only with sgl_kernel's CUDA ops: the
-# flavours bind racecheck's torch stand-ins there (tree_ops.py; NATIVE_TREE_BUILD,
-# NATIVE_GREEDY_VERIFY below). 0.5.4-0.5.9 import with the shims (imports.py) but were not tried
-# through the front door.
-OLDEST = "0.5.10"
+# The first release the front door runs: 0.5.9-0.5.15.post1 run as shipped (eagle-v2 graphs on
+# and off, sglang-overlap: docs/SGLANG_RELEASES.md), as 0.5.16-0.5.23 do. Before 0.5.15 sglang
+# builds and verifies EAGLE's draft tree only with sgl_kernel's CUDA ops: the flavours bind
+# racecheck's torch stand-ins there (tree_ops.py; NATIVE_TREE_BUILD, NATIVE_GREEDY_VERIFY below).
+# Older: 0.5.4.post3 stops at start-up (ModuleNotFoundError: torchao, imported while the
+# scheduler is built); 0.5.5-0.5.8 were not tried.
+OLDEST = "0.5.9"
 NEWEST = "0.5.23"
 SUPPORTED = f"{OLDEST} to {NEWEST} and source checkouts of that line"
 
@@ -124,8 +124,8 @@ RUN_BATCH = Touch(f"{SCHEDULER}:Scheduler.run_batch",
                   "forward_delay_us holds the forward stream back before each batch launches")
 
 SPEC_V2_SWITCH = Touch("sglang.srt.environ:envs.SGLANG_ENABLE_SPEC_V2",
-                       "0.5.10-0.5.13: EAGLEWorkerV2 (spec v2, the overlap plan streams) is "
-                       "behind sglang's own switch, off by default in 0.5.10 and on in "
+                       "before 0.5.14: EAGLEWorkerV2 (spec v2, the overlap plan streams) is "
+                       "behind sglang's own switch, off by default up to 0.5.10 and on in "
                        "0.5.11-0.5.13: an EAGLE run sets it (a configuration sglang ships); "
                        "0.5.14 on, spec v2 is always on and the name is gone", optional=True)
 
@@ -170,7 +170,7 @@ PLATFORM_FLAGS = {
         "sglang.kernels.ops.speculative.cache_locs": ("_is_cuda",),
         "sglang.srt.mem_cache.allocation": ("_is_cuda",),
         # the same before 0.5.16 moved them: verify's cache locations in eagle_info_v2
-        # (0.5.10-0.5.13), then triton_ops/cache_locs (0.5.13-0.5.15); allocation in
+        # (before 0.5.14), then triton_ops/cache_locs (0.5.13-0.5.15); allocation in
         # mem_cache/common (0.5.15)
         "sglang.srt.speculative.eagle_info_v2": ("_is_cuda",),
         "sglang.srt.speculative.triton_ops.cache_locs": ("_is_cuda",),
@@ -209,15 +209,15 @@ TRITON_TREE = (Touch("sglang.kernels.ops.speculative.spec_tree:_is_xpu",
                      "tree build in Triton (0.5.23)", optional=True),
                Touch("sglang.srt.speculative.eagle_utils:_is_xpu",
                      "tree build in Triton (before 0.5.23)", optional=True))
-# Releases before sglang shipped those Triton kernels (0.5.10-0.5.14; 0.5.15 has them in
+# Releases before sglang shipped those Triton kernels (0.5.9-0.5.14; 0.5.15 has them in
 # eagle_utils) call sgl_kernel's CUDA ops only: the flavours put racecheck's torch stand-ins
 # (tree_ops.py, declared kernels) under the names sglang calls, for those releases only.
 NATIVE_TREE_BUILD = Touch("sglang.srt.speculative.eagle_utils:build_tree_kernel_efficient",
-                          "0.5.10-0.5.14: calls sgl_kernel's build_tree_kernel_efficient through "
+                          "0.5.9-0.5.14: calls sgl_kernel's build_tree_kernel_efficient through "
                           "the module name sgl_build_tree_kernel_efficient (bound at import on "
                           "CUDA/HIP only): tree_ops' stand-in is bound there", optional=True)
 NATIVE_GREEDY_VERIFY = Touch("sglang.srt.speculative.eagle_utils:verify_tree_greedy_func",
-                             "0.5.10-0.5.14: imports sgl_kernel's verify_tree_greedy when it is "
+                             "0.5.9-0.5.14: imports sgl_kernel's verify_tree_greedy when it is "
                              "called on CUDA/HIP: tree_ops' stand-in is that name",
                              optional=True)
 VERIFY_GREEDY_TRITON = Touch("sglang.srt.speculative.eagle_utils:verify_tree_greedy_triton",
