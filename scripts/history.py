@@ -4,7 +4,7 @@ upstream fix: writes docs/HISTORY.md.
     python scripts/history.py --release 0.5.23=.venv --release 0.5.20=DIR ... [--out FILE]
                               [--configs cuda-eager,cuda-graphs,hip,npu] [--seeds] [--jobs N]
 
-The supported range, one release per minor: 0.5.9, 0.5.10.post1, 0.5.11, 0.5.12.post1, 0.5.13.post1,
+The supported range, one release per minor: 0.5.8.post1, 0.5.9, 0.5.10.post1, 0.5.11, 0.5.12.post1, 0.5.13.post1,
 0.5.14, 0.5.15.post1, 0.5.16 ... 0.5.23. Each `--release VERSION=VENV` names an environment set up by
 `SGLANG=VERSION VENV=DIR bash scripts/setup.sh`; every run is `racecheck run` in that
 environment, so a release's own imports, constructors and event loop are what is checked.
@@ -141,7 +141,7 @@ def render(results: dict, releases: list, configs: list, seeds: bool) -> str:
              "the draft-extend graph's padded rows), matched by the scenario's known-races file. "
              "On sglang 0.5.13 to 0.5.21 the draft-extend plan stream runs without a wait, and on "
              "0.5.13 to 0.5.19 the verify plan stream too (seen with graphs on): FINDINGS.md has "
-             "the evidence (for 0.5.16 on; 0.5.13 to 0.5.15: docs/SGLANG_RELEASES.md). On 0.5.9 and 0.5.10, "
+             "the evidence (for 0.5.16 on; 0.5.13 to 0.5.15: docs/SGLANG_RELEASES.md). On 0.5.8 to 0.5.10, "
              "the releases before #21940, verify's graph prep reads the draft's outputs without a "
              "wait.", "",
              "## As shipped", "",

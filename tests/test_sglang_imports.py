@@ -30,7 +30,7 @@ def finder():
     finally:
         sys.meta_path.remove(f)
         for name in set(sys.modules) - before:
-            if name.partition(".")[0] in ("racecheck_native_x", "vllm", "torchvision"):
+            if name.partition(".")[0] in ("racecheck_native_x", "vllm", "torchvision", "torchao"):
                 del sys.modules[name]
 
 
@@ -50,6 +50,19 @@ def test_a_stood_in_native_name_raises_only_when_called(finder):
         ns["kernel"](1, 2)
     with pytest.raises(imports.NotInstalled, match="not installed"):
         ns["scalar_types"].uint4b8()
+
+
+def test_torchao_answers_only_sglangs_own_imports(finder):
+    if importlib.util.find_spec("torchao") is not None:
+        pytest.skip("torchao is installed here")
+    finder.torchao = True
+    with pytest.raises(ModuleNotFoundError):               # transformers' own imports: absent
+        _import_from("transformers.fake", "import torchao")
+    ns = _import_from("sglang.srt.layers.fake",
+                      "from torchao.quantization import quantize_\n"
+                      "from torchao.quantization.observer import PerRow")
+    with pytest.raises(imports.NotInstalled, match="torchao"):
+        ns["quantize_"]()
 
 
 def test_vllm_stands_in_only_for_custom_ops(finder):
@@ -84,6 +97,7 @@ def test_shims_are_keyed_to_release_ranges():
     names = lambda version: {s.name for s in imports.needed(version)}   # noqa: E731
     assert "transformers.AutoImageProcessor" not in names("0.5.9")
     assert "transformers.AutoImageProcessor" in names("0.5.10.post1")
+    assert "torchao" in names("0.5.8.post1") and "torchao" not in names("0.5.9")
     newest = names(imports.SUPPORTED[1])
     assert names("0.5.24.dev3") == newest                  # a newer checkout: open-ended shims
     assert {"sgl_kernel", "flash_mla", "vllm", "torchvision"} <= newest

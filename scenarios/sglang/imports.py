@@ -132,6 +132,11 @@ SHIMS = (
          "imports torchvision.io at module top (0.5.10-0.5.20; lazily from 0.5.21) and the "
          "multimodal processors import it everywhere. Visible only to sglang's own import "
          "statements: transformers' probes must keep seeing it as not installed"),
+    Shim("torchao", "0.5.4", "0.5.8",
+         "torchao (quantization; filtered out by the setup as a GPU-bound torch companion): "
+         "ModelRunner.initialize calls layers/torchao_utils.apply_torchao_config_to_model, "
+         "which imports torchao.quantization before it looks at the (empty) torchao config. "
+         "Visible only to sglang's own import statements, as torchvision is"),
     Shim("sglang.srt.multimodal.internvl_utils", "0.5.4", None,
          "builds torchvision transforms at import (decode never calls it)"),
     Shim("sglang.srt.configs.deepseek_ocr", "0.5.4", None,
@@ -182,6 +187,7 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self.vllm = False
         self.vllm_modules: tuple = ("vllm", "vllm._custom_ops")
         self.torchvision = False
+        self.torchao = False
 
     def _kind(self, fullname: str):
         top = fullname.partition(".")[0]
@@ -193,6 +199,8 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             return "vllm"
         if self.torchvision and top == "torchvision" and _from_sglang(sys._getframe(2)):
             return "torchvision"
+        if self.torchao and top == "torchao" and _from_sglang(sys._getframe(2)):
+            return "torchao"
         return None
 
     def find_spec(self, fullname, path, target=None):
@@ -217,6 +225,8 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             return _SglangLayers(name)
         if name == "vllm._custom_ops":
             return _MissingPackage(name, "vllm (CUDA kernels) is not installed")
+        if top == "torchao":
+            return _MissingPackage(name, "torchao is not installed (a GPU-bound torch companion)")
         return _MissingPackage(name, "torchvision is not installed (its PyPI wheel does not "
                                      "load next to a CPU torch)")
 
@@ -246,14 +256,15 @@ class _SglangLayers(types.ModuleType):
 _FINDER = _Finder()
 
 
-def _transformers_sees_no_torchvision():
-    """Run transformers' cached torchvision probes now, while torchvision is absent, so the
-    stand-in (once in sys.modules) cannot change their answer."""
+def _transformers_sees_no_torchvision(probes=("is_torchvision_available",
+                                              "is_torchvision_v2_available")):
+    """Run transformers' cached torchvision (or torchao) probes now, while the package is absent,
+    so the stand-in (once in sys.modules) cannot change their answer."""
     try:
         from transformers.utils import import_utils
     except ImportError:
         return
-    for probe in ("is_torchvision_available", "is_torchvision_v2_available"):
+    for probe in probes:
         fn = getattr(import_utils, probe, None)
         if callable(fn):
             fn()
@@ -348,8 +359,12 @@ def install(native: tuple = NATIVE, version=None) -> tuple:
         _VLLM_PACKAGES + tuple(_VLLM_LAYERS) if "vllm.model_executor.layers" in names else ())
     _FINDER.torchvision = ("torchvision" in names and "torchvision" not in sys.modules
                            and importlib.util.find_spec("torchvision") is None)
+    _FINDER.torchao = ("torchao" in names and "torchao" not in sys.modules
+                       and importlib.util.find_spec("torchao") is None)
     if _FINDER.torchvision:
         _transformers_sees_no_torchvision()
+    if _FINDER.torchao:
+        _transformers_sees_no_torchvision(("is_torchao_available",))
     if "transformers.AutoImageProcessor" in names:
         _image_processor_without_torchvision()
     if "transformers.register" in names:

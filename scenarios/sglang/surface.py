@@ -16,13 +16,13 @@ from dataclasses import dataclass
 
 from racecheck.errors import UsageError
 
-# The first release the front door runs: 0.5.9-0.5.15.post1 run as shipped (eagle-v2 graphs on
-# and off, sglang-overlap: docs/SGLANG_RELEASES.md), as 0.5.16-0.5.23 do. Before 0.5.15 sglang
-# builds and verifies EAGLE's draft tree only with sgl_kernel's CUDA ops: the flavours bind
-# racecheck's torch stand-ins there (tree_ops.py; NATIVE_TREE_BUILD, NATIVE_GREEDY_VERIFY below).
-# Older: 0.5.4.post3 stops at start-up (ModuleNotFoundError: torchao, imported while the
-# scheduler is built); 0.5.5-0.5.8 were not tried.
-OLDEST = "0.5.9"
+# The first release the front door runs: 0.5.8.post1-0.5.15.post1 run as shipped (eagle-v2
+# graphs on and off, sglang-overlap: docs/SGLANG_RELEASES.md), as 0.5.16-0.5.23 do. Before 0.5.15
+# sglang builds and verifies EAGLE's draft tree only with sgl_kernel's CUDA ops: the flavours
+# bind racecheck's torch stand-ins there (tree_ops.py; NATIVE_TREE_BUILD, NATIVE_GREEDY_VERIFY
+# below). Older: 0.5.4.post3 runs eagle-v2 with graphs off (the torchao shim), the rest of it and
+# 0.5.5-0.5.7 were not tried, so they stay below the gate.
+OLDEST = "0.5.8"
 NEWEST = "0.5.23"
 SUPPORTED = f"{OLDEST} to {NEWEST} and source checkouts of that line"
 
@@ -209,15 +209,15 @@ TRITON_TREE = (Touch("sglang.kernels.ops.speculative.spec_tree:_is_xpu",
                      "tree build in Triton (0.5.23)", optional=True),
                Touch("sglang.srt.speculative.eagle_utils:_is_xpu",
                      "tree build in Triton (before 0.5.23)", optional=True))
-# Releases before sglang shipped those Triton kernels (0.5.9-0.5.14; 0.5.15 has them in
+# Releases before sglang shipped those Triton kernels (0.5.8-0.5.14; 0.5.15 has them in
 # eagle_utils) call sgl_kernel's CUDA ops only: the flavours put racecheck's torch stand-ins
 # (tree_ops.py, declared kernels) under the names sglang calls, for those releases only.
 NATIVE_TREE_BUILD = Touch("sglang.srt.speculative.eagle_utils:build_tree_kernel_efficient",
-                          "0.5.9-0.5.14: calls sgl_kernel's build_tree_kernel_efficient through "
+                          "0.5.8-0.5.14: calls sgl_kernel's build_tree_kernel_efficient through "
                           "the module name sgl_build_tree_kernel_efficient (bound at import on "
                           "CUDA/HIP only): tree_ops' stand-in is bound there", optional=True)
 NATIVE_GREEDY_VERIFY = Touch("sglang.srt.speculative.eagle_utils:verify_tree_greedy_func",
-                             "0.5.9-0.5.14: imports sgl_kernel's verify_tree_greedy when it is "
+                             "0.5.8-0.5.14: imports sgl_kernel's verify_tree_greedy when it is "
                              "called on CUDA/HIP: tree_ops' stand-in is that name",
                              optional=True)
 VERIFY_GREEDY_TRITON = Touch("sglang.srt.speculative.eagle_utils:verify_tree_greedy_triton",
