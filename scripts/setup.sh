@@ -15,8 +15,8 @@
 #
 # Another sglang release, or a source checkout (the PR gate's case), in an environment of its own:
 #
-#   SGLANG=0.5.20 VENV=/tmp/sgl-0.5.20 bash scripts/setup.sh
-#   SGLANG=/path/to/sglang-checkout VENV=/tmp/sgl-pr bash scripts/setup.sh
+#   SGLANG=0.5.20 VENV=.venv-sglang-0.5.20 bash scripts/setup.sh
+#   SGLANG=/path/to/sglang-checkout VENV=.venv-sglang-pr bash scripts/setup.sh
 #   BASE_VENV=DIR        the environment whose torch, triton and racecheck are reused (default .venv,
 #                        set up first the default way)
 #
