@@ -39,6 +39,15 @@ def _write_b(dm, s, b):
         b.add_(1)
 
 
+def _plan_stream_and_two_tensors(dm, rc):
+    s = dm.Stream()
+    rc.name_stream(s, "plan")
+    a = racecheck.name(torch.zeros(8), "a")
+    b = racecheck.name(torch.zeros(8), "b")
+    dm.synchronize()
+    return s, a, b
+
+
 def _session_findings(program):
     with racecheck.session(device="sim") as rc:
         dm = rc.device_module
@@ -49,11 +58,7 @@ def _session_findings(program):
 
 def test_one_edge_on_two_tensors_is_one_group():
     def program(dm, rc):
-        s = dm.Stream()
-        rc.name_stream(s, "plan")
-        a = racecheck.name(torch.zeros(8), "a")
-        b = racecheck.name(torch.zeros(8), "b")
-        dm.synchronize()
+        s, a, b = _plan_stream_and_two_tensors(dm, rc)
         _side_write(dm, s, [a, b])
         _read([a, b])
         dm.synchronize()
@@ -70,11 +75,7 @@ def test_one_wait_before_reads_at_other_sites_is_one_group():
     """The same missing edge, the reads in different functions: one wait before the first read
     orders both, so one group, and its fix names where that wait goes."""
     def program(dm, rc):
-        s = dm.Stream()
-        rc.name_stream(s, "plan")
-        a = racecheck.name(torch.zeros(8), "a")
-        b = racecheck.name(torch.zeros(8), "b")
-        dm.synchronize()
+        s, a, b = _plan_stream_and_two_tensors(dm, rc)
         _side_write(dm, s, [a, b])
         _read([a])
         _read_elsewhere(b)
@@ -91,11 +92,7 @@ def test_pairs_one_wait_cannot_order_are_two_groups():
     """a is written then read, then b is written then read: a wait before the first read comes
     before b's write, so b needs a second wait (after `_write_b`, before `_read_elsewhere`)."""
     def program(dm, rc):
-        s = dm.Stream()
-        rc.name_stream(s, "plan")
-        a = racecheck.name(torch.zeros(8), "a")
-        b = racecheck.name(torch.zeros(8), "b")
-        dm.synchronize()
+        s, a, b = _plan_stream_and_two_tensors(dm, rc)
         _side_write(dm, s, [a])
         _read([a])
         _write_b(dm, s, b)
