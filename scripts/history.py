@@ -140,10 +140,10 @@ def render(results: dict, releases: list, configs: list, seeds: bool) -> str:
              "of the races docs/FINDINGS.md triages (the start-up writes on the default stream, "
              "the draft-extend graph's padded rows), matched by the scenario's known-races file. "
              "On sglang 0.5.13 to 0.5.21 the draft-extend plan stream runs without a wait, and on "
-             "0.5.13 to 0.5.19 the verify plan stream too (seen with graphs on): FINDINGS.md has "
-             "the evidence (for 0.5.16 on; 0.5.13 to 0.5.15: docs/SGLANG_RELEASES.md). On 0.5.8 to 0.5.10, "
-             "the releases before #21940, verify's graph prep reads the draft's outputs without a "
-             "wait.", "",
+             "0.5.13 to 0.5.19 the verify plan stream too (seen with graphs on); on 0.5.8 to "
+             "0.5.10, the releases before #21940, verify's graph prep reads the draft's outputs "
+             "without a wait, and before 0.5.14 CUDA has no WAR barrier: FINDINGS.md has the "
+             "evidence.", "",
              "## As shipped", "",
              *(["`hicache` is `sglang-hicache` (the hierarchical KV cache, docs/SGLANG.md): "
                 "the release's own HiCache controller, host pool and transfer streams on a "
