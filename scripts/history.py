@@ -143,7 +143,10 @@ def render(results: dict, releases: list, configs: list, seeds: bool) -> str:
              "0.5.13 to 0.5.19 the verify plan stream too (seen with graphs on); on 0.5.8 to "
              "0.5.10, the releases before #21940, verify's graph prep reads the draft's outputs "
              "without a wait, and before 0.5.14 CUDA has no WAR barrier: FINDINGS.md has the "
-             "evidence.", "",
+             "evidence." + ("" if "hicache" in configs else
+                           " The hierarchical cache (`sglang-hicache`) has its own table, "
+                           "[HISTORY_HICACHE.md](HISTORY_HICACHE.md) (`--configs hicache`)."),
+             "",
              "## As shipped", "",
              *(["`hicache` is `sglang-hicache` (the hierarchical KV cache, docs/SGLANG.md): "
                 "the release's own HiCache controller, host pool and transfer streams on a "
