@@ -121,4 +121,5 @@ def test_fuzz_finds_a_variant_and_shrinks_it(tmp_path):
     ff = rep.failures["RC001 seq_lens"]
     cfg = ff.example["config"]
     assert (cfg["iterations"], cfg["schedule"]) == (2, "0:+1")      # one request, one decode step
-    assert ff.seconds_to_repro < 10
+    # found and shrunk within the budget; how fast is bench/bench_fuzz.py's to measure, not a test's
+    assert ff.shrunk and ff.seconds_to_repro <= 30

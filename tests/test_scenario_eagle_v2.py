@@ -6,7 +6,6 @@
 * with every fix on the detector is silent and the outputs equal the serialized run, across knob
   values and batch schedules (padding, requests finishing and joining mid-run).
 """
-import time
 
 import pytest
 
@@ -185,15 +184,13 @@ def test_findings_name_engine_tensors_streams_and_edges(sc):
 # -- cost -------------------------------------------------------------------------------------------
 
 def test_twenty_iterations_stay_cheap(sc):
+    """Cost in events per decode step (the trace's size), which timing cannot flake; seconds are
+    bench/'s to measure."""
     cfg = sc.config(overrides={"schedule": "0:+4x80", "plan_stream": "on"})
-    scenarios.run(sc, cfg, device="sim")                # warm-up: the first dispatch imports
-    t0 = time.perf_counter()
     res = scenarios.run(sc, cfg, device="sim")
-    elapsed = time.perf_counter() - t0
     steps = min(len(v) for v in res.outputs["accept_lens"].values())
     assert steps >= 20
     assert res.stats["events"] / steps < 600, res.stats
-    assert elapsed < 3.0, f"{steps} decode iterations took {elapsed:.2f}s"
 
 
 NPU_PROGRAM = """
