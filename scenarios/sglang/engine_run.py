@@ -54,6 +54,11 @@ def import_sglang(gpu: bool) -> None:
         _import_quietly()
 
 
+# What a sibling scenario adds to a run (sglang-hicache registers its own): `extension(cfg)` is
+# None, or (a context manager around the run, `on_start(rc, scheduler)` once it is built).
+RUN_EXTENSIONS: list = []
+
+
 def run_pipeline(cfg: dict, ctx) -> dict:
     """Under the caller's session (sim routing torch.cuda, or a real GPU); without one (the
     reference run) in a private sim session, or uninstrumented where a GPU is present."""
@@ -120,10 +125,13 @@ def _run(cfg: dict, rc, *, gpu: bool) -> dict:
             # before 0.5.14: spec v2 behind sglang's own switch (off by default up to 0.5.10)
             stack.enter_context(_environment({"SGLANG_ENABLE_SPEC_V2": "1"}))
         stack.enter_context(platform.flavour(cfg["flavour"]))
-        hicache_on = bool((cfg.get("server_args") or {}).get("enable_hierarchical_cache"))
-        if hicache_on:
-            from . import hicache
-            stack.enter_context(hicache.stand_ins())
+        starts = []
+        for extension in RUN_EXTENSIONS:
+            got = extension(cfg)
+            if got is not None:
+                context, on_start_too = got
+                stack.enter_context(context)
+                starts.append(on_start_too)
         if rc is not None:
             from .graph_inputs import declared_graph_inputs, padding_sites
             stack.enter_context(declared_graph_inputs())
@@ -141,8 +149,8 @@ def _run(cfg: dict, rc, *, gpu: bool) -> dict:
                 executor.serving()
             if rc is not None:
                 name_streams(rc, scheduler)
-                if hicache_on:
-                    hicache.name_streams(rc, scheduler)
+                for on_start_too in starts:
+                    on_start_too(rc, scheduler)
         outputs, _info = serve(shape_of(cfg), arrivals_of(cfg), max_steps=cfg["max_steps"],
                                stop_token=cfg["stop_token"], on_start=on_start)
     return {"output_ids": outputs}

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import sys
 
+from .engine_run import RUN_EXTENSIONS
 from .server import patched
 
 MHA_HOST = "sglang.srt.mem_cache.pool_host.mha"
@@ -353,4 +354,12 @@ def _scenario():
     return sc
 
 
+def _run_extension(cfg: dict):
+    """The run's HiCache stand-ins and stream names, when the run turns HiCache on."""
+    if not (cfg.get("server_args") or {}).get("enable_hierarchical_cache"):
+        return None
+    return stand_ins(), name_streams
+
+
+RUN_EXTENSIONS.append(_run_extension)
 SCENARIO = _scenario()
