@@ -87,8 +87,10 @@ def build_tree_kernel_efficient(parent_list, selected_index, verified_seq_len, t
     import torch
     mode = int(tree_mask_mode)
     if mode not in (FULL_MASK, QLEN_ONLY):
-        raise NotImplementedError(f"racecheck's tree-build stand-in: tree mask mode {mode} "
-                                  "(QLEN_ONLY_BITPACKING) is not supported")
+        # sglang asks for the bit-packed mask only for attention backends the front door does
+        # not run (its Triton backend takes FULL_MASK or QLEN_ONLY)
+        raise ValueError(f"racecheck's tree-build stand-in builds tree mask modes {FULL_MASK} "
+                         f"and {QLEN_ONLY}, not {mode} (QLEN_ONLY_BITPACKING)")
     n = int(draft_token_num)
     bsz = verified_seq_len.shape[0]
     seq_len = verified_seq_len.long()
