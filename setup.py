@@ -2,25 +2,24 @@
 
 Metadata lives in pyproject.toml; this file only finds every subpackage of each folder, so a new
 one (a scenario package, say) is in the wheel without anyone listing it, and declares the optional
-C hot path: where it cannot be compiled, racecheck runs on its Python reference (racecheck.native).
+C hot path: where it cannot be compiled, racecheck runs on its Python reference (racecheck.core.native).
 """
+import os
+import runpy
+
 from setuptools import Extension, find_packages, setup
 
-FOLDERS = {
-    "racecheck": "racecheck",
-    "racecheck.instrumentation": "instrumentation",
-    "racecheck.scenarios": "scenarios",
-    "racecheck.reports": "reports",
-}
+HERE = os.path.dirname(os.path.abspath(__file__))
+FOLDERS = runpy.run_path(os.path.join(HERE, "racecheck", "_layout.py"))["FOLDERS"]
 
 packages = []
 for package, folder in FOLDERS.items():
     packages.append(package)
     packages += [f"{package}.{sub}" for sub in find_packages(folder, exclude=["tests", "tests.*"])]
 
-speedups = Extension("racecheck._speedups", ["racecheck/_speedups.c"], optional=True,
+speedups = Extension("racecheck.instrumentation._speedups", ["instrumentation/_speedups.c"], optional=True,
                      extra_compile_args=["-O3"])
-engine = Extension("racecheck._engine", ["racecheck/_engine.c"], optional=True,
+engine = Extension("racecheck.core._engine", ["racecheck/core/_engine.c"], optional=True,
                    extra_compile_args=["-O3"])
 
 setup(packages=packages, package_dir=FOLDERS, ext_modules=[speedups, engine])

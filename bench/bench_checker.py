@@ -31,9 +31,9 @@ import tracemalloc
 
 sys.path.insert(0, os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")))
 
-from racecheck.checker import Checker  # noqa: E402
-from racecheck.engine import new_checker  # noqa: E402
-from racecheck.trace import (Copy, EventRecord, Footprint, HostAccess, HostSync, Kernel,  # noqa: E402
+from racecheck.core.checker import Checker  # noqa: E402
+from racecheck.core.fastchecker import new_checker  # noqa: E402
+from racecheck.core.trace import (Copy, EventRecord, Footprint, HostAccess, HostSync, Kernel,  # noqa: E402
                              NameTensor, NameTimeline, StreamWaitEvent, StreamWaitStream,
                              Trace)
 
@@ -230,7 +230,7 @@ def bench_sizes(sizes, streams, seed, repeat):
 
 
 def bench_trace(path, repeat):
-    from racecheck.trace import TraceFormatError
+    from racecheck.core.trace import TraceFormatError
     t0 = time.perf_counter()
     try:
         events = list(Trace.iter_file(path))

@@ -36,7 +36,7 @@ def _requests(schedule: str) -> int:
 
 def run_one(scenario, variant, seed, budget, replays):
     from racecheck import scenarios
-    from racecheck.fuzz import FuzzTarget, Fuzzer, load_record, open_database, replay
+    from racecheck.drivers.fuzz import FuzzTarget, Fuzzer, load_record, open_database, replay
     sc = scenarios.get(scenario)
     wanted = {f"{r} {t}" for r, t in sc.variant(variant).expected}
     target = FuzzTarget(scenario, variant)
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     sc = scenarios.get(args.scenario)
     variants = args.variant or list(sc.variants)
     # start-up: imports + a first session (paid once per process; the CLI pays it too)
-    from racecheck.fuzz import FuzzTarget
+    from racecheck.drivers.fuzz import FuzzTarget
     FuzzTarget(args.scenario).run({"config": {"iterations": 1, "schedule": "0:+1"}, "seed": 0, "plan": {}})
     startup = time.monotonic() - t0
 

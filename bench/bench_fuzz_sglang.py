@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 
 def fuzz(scenario: str, budget: float, seed: int, fixed=None, first_only=False) -> dict:
-    from racecheck.fuzz import FuzzTarget, Fuzzer, open_database
+    from racecheck.drivers.fuzz import FuzzTarget, Fuzzer, open_database
     target = FuzzTarget(scenario, fixed=fixed)
     with tempfile.TemporaryDirectory() as tmp:
         db = open_database(os.path.join(tmp, "db"))
@@ -47,7 +47,7 @@ def phases_per_example(scenario: str, seed: int, n: int = 200) -> float:
     from hypothesis import HealthCheck, given, settings
 
     from racecheck import scenarios
-    from racecheck.fuzz import strategies
+    from racecheck.drivers.fuzz import strategies
     from racecheck.scenarios.sglang.requests import parse_arrivals, phases
     sc = scenarios.get(scenario)
     counts = []

@@ -4,7 +4,7 @@ Configurations, measured in interleaved rounds so drift hits all of them alike:
   plain      no instrumentation
   noop-mode  a TorchDispatchMode that only calls the op (the floor of any dispatch-mode tool)
   racecheck  racecheck.session(device="sim") (interception + footprints + stacks + online checker)
-  racecheck-py  the same with the C hot path off (racecheck.native.use(False)): the Python
+  racecheck-py  the same with the C hot path off (racecheck.core.native.use(False)): the Python
              reference it ports
   racecheck-routed  racecheck.session(device="sim", route_cuda=True): the same ops on tensors
              placed on "cuda" through torch.cuda routing (made inside the session each round)
@@ -68,7 +68,7 @@ def racecheck_sim():
 
 @contextlib.contextmanager
 def racecheck_python():
-    from racecheck import native
+    from racecheck.core import native
     was = native.speedups is not None
     native.use(False)
     try:

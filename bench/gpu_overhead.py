@@ -110,7 +110,7 @@ def worker(config: str, workload: str, iters: int) -> dict:
         csan.enable_cuda_sanitizer()
     elif config in ("racecheck", "racecheck-cb", "racecheck-py"):
         import racecheck
-        from racecheck import native
+        from racecheck.core import native
         native.use(config != "racecheck-py")
         if config != "racecheck-py" and native.built is None:
             raise SystemExit("racecheck's C hot path is not built here")

@@ -243,10 +243,10 @@ def _primitives(torch, iters=20000):
 
 # Own time (cProfile tottime) grouped by what the code is for; first matching pattern wins.
 CATEGORIES = (
-    ("checker (shadow memory, clocks)", ("racecheck/checker.py", "racecheck/shadow.py",
-                                         "racecheck/clocks.py")),
-    ("event queue (recorder)", ("racecheck/recorder.py",)),
-    ("event objects", ("racecheck/trace.py",)),
+    ("checker (shadow memory, clocks)", ("racecheck/core/checker.py", "racecheck/core/shadow.py",
+                                         "racecheck/core/clocks.py")),
+    ("event queue (recorder)", ("racecheck/core/recorder.py",)),
+    ("event objects", ("racecheck/core/trace.py",)),
     ("stack capture", ("instrumentation/stacks.py",)),
     ("footprints, storage registry", ("instrumentation/footprints.py",)),
     ("dispatch mode, op plans", ("instrumentation/interceptor.py", "instrumentation/classify.py")),
@@ -327,7 +327,7 @@ def main(argv=None) -> int:
     iters = 100 if args.quick else 400
     rounds = args.rounds or (1 if args.quick else 3)
     prims = _primitives(torch, 2000 if args.quick else 20000)
-    from racecheck import native
+    from racecheck.core import native
 
     @contextlib.contextmanager
     def python_path():

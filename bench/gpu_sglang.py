@@ -124,7 +124,9 @@ def one_run(spec: dict) -> dict:
     """One engine run: spec = {scenario, set, mode, device, profile?}. Never raises."""
     import torch
 
-    from racecheck import native, scenarios
+    from racecheck.core import native
+
+    from racecheck import scenarios
     from racecheck.scenarios.registry import RunContext, _instrumented, split_known
     from racecheck.scenarios.sglang import server
     out = {"mode": spec["mode"], "c_hot_path": native.speedups is not None,
@@ -180,12 +182,12 @@ def one_run(spec: dict) -> dict:
 
 
 _COMPONENTS = [   # (component, substrings of a function's file path), first match wins
-    ("racecheck checker", ("racecheck/checker.py", "racecheck/engine.py", "racecheck/clocks.py",
-                           "racecheck/rules.py", "racecheck/shadow.py", "racecheck/recorder.py",
-                           "racecheck/findings.py", "racecheck/sourcenames.py",
-                           "racecheck/suppressions.py")),
+    ("racecheck checker", ("racecheck/core/checker.py", "racecheck/core/fastchecker.py", "racecheck/core/clocks.py",
+                           "racecheck/core/rules.py", "racecheck/core/shadow.py", "racecheck/core/recorder.py",
+                           "racecheck/core/findings.py", "racecheck/core/sourcenames.py",
+                           "racecheck/core/suppressions.py")),
     ("racecheck interception", ("racecheck/instrumentation/", "/instrumentation/",
-                                "racecheck/session.py", "racecheck/native.py")),
+                                "racecheck/session.py", "racecheck/core/native.py")),
     ("racecheck other", ("racecheck/",)),
     ("sglang", ("/sglang/",)),
     ("triton", ("/triton/",)),

@@ -12,7 +12,7 @@ First the µs per iteration (median of timed blocks; plain where it means anythi
 workload once more under cProfile: own time per component (the categories of gpu_profile.py)
 and the top functions. cProfile inflates Python-call-heavy code: read the shares, not the µs.
 Last, the checker alone on synthetic graph replays (n captured ops alternating over k buffers),
-every replay merged (racecheck/replay.py) vs per op, side by side: µs per replay, min of rounds.
+every replay merged (racecheck/core/replay.py) vs per op, side by side: µs per replay, min of rounds.
 """
 from __future__ import annotations
 
@@ -68,8 +68,8 @@ def _profile(fn, iters, rc, top):
 
 def replay_merge(rounds=7, replays=300):
     """{(ops, buffers): (per-op µs, merged µs)} per replay, checker only."""
-    from racecheck.checker import Checker
-    from racecheck.trace import CapturedOp, Footprint, GraphCapture, GraphReplay, HostSync, Kernel
+    from racecheck.core.checker import Checker
+    from racecheck.core.trace import CapturedOp, Footprint, GraphCapture, GraphReplay, HostSync, Kernel
     out = {}
     for nops, nbuf in ((6, 10), (6, 6), (12, 3), (24, 4), (48, 4)):
         ops = [CapturedOp((Footprint(1 + k % nbuf, ((0, 4096),)),),

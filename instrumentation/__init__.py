@@ -9,7 +9,7 @@ from __future__ import annotations
 
 def make_backend(sink, device: str, *, executor=None, device_module=None, **options):
     if options.get("drop_sync") and device != "sim":
-        from racecheck.errors import UsageError
+        from racecheck.core.errors import UsageError
         raise UsageError("dropping synchronization sites (drop_sync) is supported on sim")
     options.pop("drop_sync", None) if device != "sim" else None
     if device == "sim":

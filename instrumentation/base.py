@@ -1,6 +1,6 @@
 """The written interface between the session, its backend and the rest of instrumentation.
 
-`Sink` is what instrumentation needs from the session's recorder (racecheck.recorder.Recorder
+`Sink` is what instrumentation needs from the session's recorder (racecheck.core.recorder.Recorder
 implements it): emit events in host issue order, hand out ids, say whether checking is on.
 `Backend` is what a device kind provides (sim, cuda/ROCm, npu): which stream is current, how an op
 executes, how the host waits. Hooks a backend may leave alone have defaults here, so nothing probes
@@ -15,8 +15,8 @@ from typing import Callable, Protocol
 
 import torch
 
-from racecheck import native
-from racecheck.trace import Alloc, HostAccess, HostSync, Kernel, RecordStream
+from racecheck.core import native
+from racecheck.core.trace import Alloc, HostAccess, HostSync, Kernel, RecordStream
 
 from . import stacks
 from .executor import EagerExecutor, Executor
@@ -211,7 +211,7 @@ class Backend(abc.ABC):
         """`t.record_stream(stream)`: the allocator keeps t's block until stream's work is done."""
         tid = self.stream_of(stream)
         if tid is None:
-            from racecheck.errors import UsageError
+            from racecheck.core.errors import UsageError
             raise UsageError(f"{stream!r} is not a stream of this racecheck session")
         s = self.sink
         sid, _ = self.footprints.registry.lookup(t)

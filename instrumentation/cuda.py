@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from racecheck.errors import UsageError
+from racecheck.core.errors import UsageError
 
 from .device import DeviceBackend
 

@@ -40,7 +40,7 @@ import threading
 
 import torch
 
-from racecheck.errors import UsageError
+from racecheck.core.errors import UsageError
 
 __all__ = ["DelayPlan", "DelayPlanError", "normalize_holds", "Sleeper", "calibrate", "warm_up",
            "DEFAULT_CYCLES_PER_US"]

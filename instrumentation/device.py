@@ -45,8 +45,8 @@ import threading
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from racecheck import native
-from racecheck.trace import (EventRecord, Footprint, GraphCapture, GraphReplay, Kernel, NameTimeline,
+from racecheck.core import native
+from racecheck.core.trace import (EventRecord, Footprint, GraphCapture, GraphReplay, Kernel, NameTimeline,
                              StreamWaitEvent, StreamWaitStream)
 
 from . import stacks
@@ -680,7 +680,7 @@ class DeviceBackend(Backend):
 
     def _native_hook(self, kind, event_type, attr, where):
         """`make(orig)` for `_patch`: a wrapper of `Event.record` (kind 1), `Event.wait` (2), a
-        graph's `replay` (3) or `Stream.wait_stream` (4) in C (racecheck/_speedups.c SyncHook),
+        graph's `replay` (3) or `Stream.wait_stream` (4) in C (instrumentation/_speedups.c SyncHook),
         the Python ones' port for a backend without trace callbacks. `attr` names the per-object
         id (event or graph)."""
         fast = native.speedups

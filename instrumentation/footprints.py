@@ -14,8 +14,8 @@ from collections import deque
 
 import torch
 
-from racecheck import native
-from racecheck.trace import Footprint
+from racecheck.core import native
+from racecheck.core.trace import Footprint
 
 from .stacks import _internal as internal_files, drop_site
 

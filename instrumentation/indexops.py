@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from racecheck.trace import Footprint
+from racecheck.core.trace import Footprint
 
 from .footprints import MAX_INDEX_ELEMS, FootprintMaker, _merge, element_positions
 

@@ -14,9 +14,9 @@ from types import MethodType
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from racecheck.trace import CapturedOp, Copy, HostAccess, HostSync, Kernel
+from racecheck.core.trace import CapturedOp, Copy, HostAccess, HostSync, Kernel
 
-from racecheck import native
+from racecheck.core import native
 
 from . import stacks
 from .classify import META, READ_WRITE, WRITE, classify, iter_out_tensors
@@ -92,7 +92,7 @@ class Interceptor(TorchDispatchMode):
         # Stack capture in a C plan starts this many frames out: past the Python frame of
         # __torch_dispatch__, unless the entry below is in C (then the program's frame is next).
         self._plan_skip = 2
-        # plans whose common case has a C version (racecheck/_speedups.c SpecialPlan)
+        # plans whose common case has a C version (instrumentation/_speedups.c SpecialPlan)
         self._native_special = (self._copy, self._view, self._scalar_read)
         fast = native.speedups
         if fast is not None and type(self).__torch_dispatch__ is Interceptor.__torch_dispatch__:
@@ -118,7 +118,7 @@ class Interceptor(TorchDispatchMode):
 
     def _dispatch_slow(self, func, args, kwargs):
         """An op seen for the first time: make its plan (kept per overload), then run it. (The C
-        entry, racecheck/_speedups.c's Dispatch, comes here too.)"""
+        entry, instrumentation/_speedups.c's Dispatch, comes here too.)"""
         try:
             plan = self._plan(func)
         except Exception as exc:  # a bug in racecheck must never change the program's results
@@ -517,7 +517,7 @@ def _fast_kernel(icp: Interceptor, oc, func):
 
 
 def _native_plan(fast, icp: Interceptor, oc, func):
-    """The same plan as `_plan_source` writes, in C (racecheck/_speedups.c)."""
+    """The same plan as `_plan_source` writes, in C (instrumentation/_speedups.c)."""
     backend = icp.backend
     fp = icp.fp
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from racecheck.errors import UsageError
-from racecheck.trace import CapturedOp, Footprint, Kernel
+from racecheck.core.errors import UsageError
+from racecheck.core.trace import CapturedOp, Footprint, Kernel
 
 from . import current, stacks
 

@@ -20,7 +20,7 @@ import importlib
 
 import torch
 
-from racecheck.errors import UsageError
+from racecheck.core.errors import UsageError
 
 from .device import DeviceBackend
 

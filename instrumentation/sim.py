@@ -13,7 +13,7 @@ import threading
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from racecheck.trace import (EventRecord, GraphCapture, GraphReplay, HostSync, NameTimeline,
+from racecheck.core.trace import (EventRecord, GraphCapture, GraphReplay, HostSync, NameTimeline,
                              StreamWaitEvent, StreamWaitStream)
 
 from . import stacks

@@ -23,7 +23,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 
-from racecheck.errors import UsageError
+from racecheck.core.errors import UsageError
 
 from .stacks import is_internal_file
 

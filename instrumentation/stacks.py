@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from racecheck import native
+from racecheck.core import native
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 
@@ -112,7 +112,7 @@ _offsets: dict = {}
 
 def capture(limit: int = 6, skip: int = 2) -> tuple:
     """Innermost-first user frames as raw (code, bytecode offset) pairs (lines resolved lazily
-    by racecheck.trace.frame_info)."""
+    by racecheck.core.trace.frame_info)."""
     getframe = sys._getframe
     key = id(getframe(1).f_code)
     off = _offsets.get(key)
@@ -216,7 +216,7 @@ _py_capture = capture
 
 
 def _use_native(fast) -> None:
-    """capture() in C (racecheck/_speedups.c) over the same caches, or the Python above."""
+    """capture() in C (instrumentation/_speedups.c) over the same caches, or the Python above."""
     global capture
     if fast is not None and hasattr(fast, "capture"):
         fast.stack_setup(_internal, _offsets, _last, _inside, _LAST_LIMIT)
@@ -230,7 +230,7 @@ native.on_change(_use_native)
 
 def site(skip: int = 3) -> str:
     """"file.py:123" of the first user frame (for coverage notes; not on the per-op path)."""
-    from racecheck.trace import frame_info
+    from racecheck.core.trace import frame_info
     frames = capture(limit=1, skip=skip)
     if not frames:
         return ""

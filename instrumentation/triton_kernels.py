@@ -25,7 +25,7 @@ import threading
 
 import torch
 
-from racecheck.trace import Footprint
+from racecheck.core.trace import Footprint
 
 _LOADS = {"load"}
 _STORES = {"store"}

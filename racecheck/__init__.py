@@ -8,8 +8,8 @@
 """
 from __future__ import annotations
 
-from .findings import Access, Finding
-from .session import Session, active_session, session
+from racecheck.core.findings import Access, Finding
+from racecheck.session import Session, active_session, session
 
 __version__ = "0.1.0"
 

@@ -1,5 +1,5 @@
 import sys
 
-from .cli import entry
+from racecheck.cli.main import entry
 
 sys.exit(entry())

@@ -1,7 +1,7 @@
 """`racecheck.session(...)`: instrumentation + trace + online checker for one block of code.
 
 A session puts three parts together: a recorder (ids, ordered event queue, the checker behind it;
-racecheck.recorder), a backend for the device kind (racecheck.instrumentation), and the dispatch
+racecheck.core.recorder), a backend for the device kind (racecheck.instrumentation), and the dispatch
 mode that turns ops into events. It never raises on a race: findings are collected, deduplicated
 and read from `rc.findings` afterwards. A bug inside racecheck turns checking off and is kept in
 `rc.internal_errors`; the program runs on unchanged.
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import threading
 
-from .devices import DEVICES
-from .errors import UsageError
-from .recorder import Recorder
-from .trace import NameTensor, NameTimeline, StaleTolerant
+from racecheck.core.devices import DEVICES
+from racecheck.core.errors import UsageError
+from racecheck.core.recorder import Recorder
+from racecheck.core.trace import NameTensor, NameTimeline, StaleTolerant
 
 _active = None
 _active_lock = threading.Lock()

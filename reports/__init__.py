@@ -8,8 +8,8 @@ from __future__ import annotations
 import importlib
 import sys
 
-from racecheck.errors import UsageError
-from racecheck.files import write_atomic
+from racecheck.core.errors import UsageError
+from racecheck.core.files import write_atomic
 
 from .console import print_findings, render_text
 

@@ -1,11 +1,11 @@
-"""Small helpers shared by the file formats (location parsing; rule texts come from racecheck.rules)."""
+"""Small helpers shared by the file formats (location parsing; rule texts come from racecheck.core.rules)."""
 from __future__ import annotations
 
 import os
 import re
 from urllib.parse import quote
 
-from racecheck import rules
+from racecheck.core import rules
 
 _LOC = re.compile(r"^(?P<file>.+?):(?P<line>\d+)(?::(?P<col>\d+))?$")
 _FRAME = re.compile(r"^(?P<loc>.+?:\d+(?::\d+)?)(?:\s+in\s+(?P<fn>.+))?$")

@@ -1,6 +1,6 @@
 """Console report: one rich panel per root-cause group, built from small renderables.
 
-Findings one synchronization fixes (`racecheck.findings.group_findings`) share a panel: the rule,
+Findings one synchronization fixes (`racecheck.core.findings.group_findings`) share a panel: the rule,
 both sites and stacks, the fix once, and the tensors it covers. Why small pieces: the pytest
 plugin, `racecheck run` and `racecheck report` each compose these (the plugin needs plain text for
 a test failure, the CLI a colored terminal). Every table folds its cells, so a panel reads in 80
@@ -15,8 +15,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from racecheck import rules
-from racecheck.findings import Access, Finding, FindingGroup, group_findings
+from racecheck.core import rules
+from racecheck.core.findings import Access, Finding, FindingGroup, group_findings
 
 STACK_DEPTH = 4  # frames per access: enough to see the caller chain, short enough to scan
 TENSORS_SHOWN = 6  # tensors listed per group before "and N more"

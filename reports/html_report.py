@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as _dt
 from html import escape
 
-from racecheck.findings import Finding, group_findings
+from racecheck.core.findings import Finding, group_findings
 
 from ._common import case_name, rule_name
 from .json_report import tool_info

@@ -12,8 +12,8 @@ from importlib import resources
 
 import jsonschema
 
-from racecheck.errors import UsageError
-from racecheck.findings import Finding, assign_groups
+from racecheck.core.errors import UsageError
+from racecheck.core.findings import Finding, assign_groups
 
 FORMAT = "racecheck-findings"
 VERSION = 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 
-from racecheck.findings import group_findings
+from racecheck.core.findings import group_findings
 
 from ._common import case_name
 from .console import plain_text

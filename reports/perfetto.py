@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from racecheck.findings import Finding
+from racecheck.core.findings import Finding
 
 from ._common import rule_name
 from .json_report import tool_info

@@ -3,7 +3,7 @@
 GitHub code scanning keeps one alert per rule and partial fingerprint, and matches a new upload's
 results to open alerts by that fingerprint. A result per finding would open one alert per tensor
 for a single missing synchronization (eleven alerts, one fix), and a new temporary joining it
-would open another; so a result is a group (`racecheck.findings.group_findings`): anchored at the
+would open another; so a result is a group (`racecheck.core.findings.group_findings`): anchored at the
 first finding's current access, every other site it covers among `relatedLocations`, the tensors
 and member fingerprints in its properties, and the group id as its partial fingerprint, which
 does not change as tensors join or leave the group.
@@ -17,9 +17,9 @@ from __future__ import annotations
 import functools
 import json
 
-from racecheck import rules
-from racecheck.findings import Access, Finding, FindingGroup, group_findings
-from racecheck.rules import RULES
+from racecheck.core import rules
+from racecheck.core.findings import Access, Finding, FindingGroup, group_findings
+from racecheck.core.rules import RULES
 
 from ._common import relative_uri, rule_name, split_frame, split_location
 from .json_report import tool_info
@@ -31,7 +31,7 @@ MAX_FLOW_FRAMES = 20
 
 @functools.lru_cache(maxsize=None)
 def rule_descriptor(rule: str) -> dict:
-    """The SARIF reportingDescriptor of a rule, built once from racecheck.rules (do not mutate)."""
+    """The SARIF reportingDescriptor of a rule, built once from racecheck.core.rules (do not mutate)."""
     r = rules.get(rule)
     public = not r.internal
     return {

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from racecheck.findings import Access, Finding
+from racecheck.core.findings import Access, Finding
 
 SYNC_KINDS = {"record", "wait", "sync"}
 

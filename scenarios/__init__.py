@@ -26,7 +26,7 @@ import os
 import sys
 import zlib
 
-from racecheck.errors import UsageError
+from racecheck.core.errors import UsageError
 
 from .registry import (Knob, RunContext, RunResult, Scenario, Switch, Variant, compare_outputs,
                        parse_sets, reference_outputs, run, run_plain)

@@ -10,9 +10,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from racecheck.devices import check_device
-from racecheck.errors import UsageError
-from racecheck.findings import Access, Finding
+from racecheck.core.devices import check_device
+from racecheck.core.errors import UsageError
+from racecheck.core.findings import Access, Finding
 
 _BOOL_TRUE = {"on", "true", "yes", "1"}
 _BOOL_FALSE = {"off", "false", "no", "0"}
@@ -476,7 +476,7 @@ def split_known(sc: Scenario, findings: list) -> tuple:
     path = getattr(sc, "known_findings", None)
     if not path or not findings:
         return findings, []
-    from racecheck.suppressions import filter_findings
+    from racecheck.core.suppressions import filter_findings
     split = filter_findings(findings, suppressions=path)
     return split.kept, split.suppressed
 

@@ -95,7 +95,7 @@ def summarize(run: dict, scenario: str, report: str) -> dict:
     if run["error"]:
         return out
     from racecheck import scenarios
-    from racecheck.findings import group_findings
+    from racecheck.core.findings import group_findings
     from racecheck.reports.json_report import load_document
     from racecheck.scenarios.registry import split_known
     found, _meta = load_document(report)

@@ -1,6 +1,6 @@
 """Run the fuzzer's tests on both ends of the Hypothesis range racecheck declares.
 
-The fuzzer uses a few Hypothesis details that are not public API (racecheck/fuzz/_hypothesis.py);
+The fuzzer uses a few Hypothesis details that are not public API (racecheck/drivers/fuzz/_hypothesis.py);
 the declared range is the one where they work, and this checks both of its ends. Each end gets a
 temporary virtual environment that sees this environment's packages (torch, racecheck) but has
 its own Hypothesis, installed with pip:

@@ -53,8 +53,8 @@ def _findings(fs) -> list:
 def _cases() -> dict:
     import racecheck
     from cases import EXPECTED
-    from racecheck.engine import new_checker
-    from racecheck.trace import Trace
+    from racecheck.core.fastchecker import new_checker
+    from racecheck.core.trace import Trace
 
     out = {}
     for cid in sorted(EXPECTED):

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import racecheck
 from racecheck.instrumentation.adversarial import AdversarialExecutor, PlanError, normalize_plan
 from racecheck.instrumentation.delays import DelayPlanError, normalize_holds
-from racecheck.fuzz import strategies as rs
+from racecheck.drivers.fuzz import strategies as rs
 
 from cases import EXPECTED
 

@@ -8,8 +8,8 @@ PROGRAM = textwrap.dedent('''
     import torch
 
     import racecheck
-    import racecheck.autostart
-    racecheck.autostart.activate()
+    import racecheck.cli.autostart
+    racecheck.cli.autostart.activate()
     dm = racecheck.active_session().device_module
     side = dm.Stream()
     t = racecheck.name(torch.full((64,), 1.0), "t")

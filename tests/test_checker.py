@@ -11,12 +11,12 @@ import re
 
 import pytest
 
-from racecheck import clocks, native
-from racecheck.checker import Checker
-from racecheck.engine import FastChecker
-from racecheck.shadow import (StorageShadow, iv_add, iv_intersect, iv_normalize, iv_subtract,
+from racecheck.core import clocks, native
+from racecheck.core.checker import Checker
+from racecheck.core.fastchecker import FastChecker
+from racecheck.core.shadow import (StorageShadow, iv_add, iv_intersect, iv_normalize, iv_subtract,
                               iv_union)
-from racecheck.trace import (Alloc, Copy, EventRecord, Footprint, Free, HostAccess, HostSync,
+from racecheck.core.trace import (Alloc, Copy, EventRecord, Footprint, Free, HostAccess, HostSync,
                              Kernel, NameTensor, NameTimeline, RecordStream, StreamWaitEvent,
                              StreamWaitStream, Trace, TraceFormatError)
 
@@ -823,7 +823,7 @@ def test_deterministic_and_independent_of_ids():
             if key in d:
                 d[key]["storage"] = remap[d[key]["storage"]]
         moved.append(d)
-    from racecheck.trace import event_from_json
+    from racecheck.core.trace import event_from_json
     c = [f.to_json() for f in Checker().process_all(event_from_json(d) for d in moved).findings]
     back = {v: k for k, v in remap.items()}
 
@@ -872,7 +872,7 @@ def test_bad_trace_json_raises_trace_format_error(tmp_path):
 # ---- the offline command ----------------------------------------------------------------------
 
 def _args(*argv):
-    from racecheck.commands import check_cmd
+    from racecheck.cli.commands import check_cmd
     p = argparse.ArgumentParser()
     check_cmd.add_arguments(p)
     return check_cmd, p.parse_args(list(argv))
@@ -896,7 +896,7 @@ def test_check_cmd_findings_and_clean(tmp_path, capsys):
 
 
 def test_check_cmd_bad_input_is_usage_error(tmp_path):
-    from racecheck.errors import UsageError
+    from racecheck.core.errors import UsageError
     mod, args = _args(str(tmp_path / "missing.jsonl"))
     with pytest.raises(UsageError, match="not found"):
         mod.main(args)
@@ -912,7 +912,7 @@ def test_check_cmd_bad_input_is_usage_error(tmp_path):
 
 
 def test_findings_json_round_trip():
-    from racecheck.findings import Finding
+    from racecheck.core.findings import Finding
     for f in Checker().process_all(racy_trace()).findings:
         d = json.loads(json.dumps(f.to_json()))
         assert Finding.from_json(d) == f

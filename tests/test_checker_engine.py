@@ -1,4 +1,4 @@
-"""The checker's C engine (racecheck/_engine.c) against the Python Checker it ports.
+"""The checker's C engine (racecheck/core/_engine.c) against the Python Checker it ports.
 
 The engine handles a trace for as long as nothing could be reported, then exports its state into
 a Python Checker that goes on. Two properties, on every trace here:
@@ -18,9 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import racecheck
-from racecheck import native
-from racecheck.checker import Checker
-from racecheck.trace import (Alloc, CapturedOp, Copy, EventRecord, Footprint, Free, GraphCapture,
+from racecheck.core import native
+from racecheck.core.checker import Checker
+from racecheck.core.trace import (Alloc, CapturedOp, Copy, EventRecord, Footprint, Free, GraphCapture,
                              GraphReplay, HostAccess, HostSync, Kernel, NameTensor, NameTimeline,
                              RecordStream, StaleTolerant, StreamWaitEvent, StreamWaitStream)
 
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.skipif(native.engine_built is None, reason="the C engin
 
 
 def reference(**kw) -> Checker:
-    """The Python Checker with no C at all (racecheck/_speedups.c's handlers off too)."""
+    """The Python Checker with no C at all (instrumentation/_speedups.c's handlers off too)."""
     was = native.speedups is not None
     native.use(False)
     try:
@@ -40,7 +40,7 @@ def reference(**kw) -> Checker:
 
 
 def fast(**kw):
-    from racecheck.engine import FastChecker
+    from racecheck.core.fastchecker import FastChecker
     return FastChecker(engine=native.engine_built, **kw)
 
 
@@ -362,7 +362,7 @@ def test_random_traces_small_context_window(trace, window):
 
 
 def test_new_checker_follows_the_c_switch():
-    from racecheck.engine import FastChecker, new_checker
+    from racecheck.core.fastchecker import FastChecker, new_checker
     with contextlib.ExitStack() as stack:
         was = native.speedups is not None
         stack.callback(native.use, was)

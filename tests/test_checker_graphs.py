@@ -8,7 +8,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # any pytest imp
 
 from test_checker import D, H, S, TB, X, Y, Z, fp, rules  # noqa: E402
 
-from racecheck.trace import CapturedOp, GraphCapture, GraphReplay, NameTensor  # noqa: E402
+from racecheck.core.trace import CapturedOp, GraphCapture, GraphReplay, NameTensor  # noqa: E402
 
 INP, TMP, OUT, RPI = 20, 21, 22, 23
 G = 5

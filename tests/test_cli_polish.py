@@ -10,8 +10,9 @@ import pytest
 
 from test_fuzz_toy import toy_registered  # noqa: F401  (fixture: toy-pipeline registered)
 from test_repro import _record
-from racecheck import __version__, cli
-from racecheck.trace import Trace
+from racecheck import __version__
+from racecheck.cli.main import main as cli
+from racecheck.core.trace import Trace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -29,7 +30,7 @@ def test_version(capsys):
 def test_a_closed_pipe_is_quiet_and_not_an_internal_error():
     code = ("import os, sys\n"
             "r, w = os.pipe(); os.close(r); os.dup2(w, 1)   # the reader is gone, as after `| head -1`\n"
-            "from racecheck.cli import main\n"
+            "from racecheck.cli.main import main\n"
             "sys.exit(main(['list', '--json']))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert proc.returncode == 141 and proc.stderr == "", proc.stderr

@@ -146,5 +146,5 @@ def test_temporaries_named_by_their_statement_on_cuda():
     rc001 = [f for f in rc.findings if f.rule == "RC001"]
     assert rc001 and {f.tensor for f in rc001} == {"_make_on_side: positions"}
     assert not any("unnamed" in f.tensor for f in rc.findings)
-    from racecheck.findings import group_findings
+    from racecheck.core.findings import group_findings
     assert len(group_findings(rc001)) == 1

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import racecheck
-from racecheck.errors import UsageError
+from racecheck.core.errors import UsageError
 from racecheck.instrumentation.delays import DelayPlan, DelayPlanError, normalize_holds
 from racecheck.instrumentation.executor import EagerExecutor
 

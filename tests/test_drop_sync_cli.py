@@ -36,7 +36,7 @@ def test_fuzz_with_a_site_no_example_executed_is_a_usage_error(tmp_path):
 
 
 def test_the_fuzzers_detector_only_runs_drop_the_sites_too():
-    from racecheck.fuzz import FuzzTarget
+    from racecheck.drivers.fuzz import FuzzTarget
     clean = FuzzTarget("eagle-v2").run_detector_only({"config": {}})
     dropped = FuzzTarget("eagle-v2").run_detector_only({"config": {"drop_sync": "*:wait_*"}})
     assert clean.keys == [] and not clean.crash

@@ -165,7 +165,7 @@ def test_footprints_from_an_earlier_session_are_not_reused():
 def test_stack_capture_finds_the_first_user_frame_on_every_path():
     """The learned jump to the first user frame must not skip a user frame on a shorter path."""
     from racecheck.instrumentation import stacks
-    from racecheck.trace import frame_info
+    from racecheck.core.trace import frame_info
 
     def via_torch_python_wrapper(x):
         return torch.functional.broadcast_tensors(x, x)  # an extra torch frame
@@ -187,7 +187,7 @@ def test_a_storage_dropped_with_no_python_frame_is_still_reported(monkeypatch):
 
     def no_frame(depth=0):
         raise ValueError("call stack is not deep enough")
-    from racecheck import native
+    from racecheck.core import native
     was = native.speedups is not None
     native.use(False)        # the Python registry (the C one asks the interpreter for the frame)
     try:

@@ -16,8 +16,8 @@ import time
 import pytest
 
 from test_fuzz_toy import toy_registered  # noqa: F401  (fixture: toy-pipeline registered)
-from racecheck import cli
-from racecheck.fuzz import (FuzzTarget, Fuzzer, WorkerSpec, database_key, open_database, parse_budget,
+from racecheck.cli.main import main as cli
+from racecheck.drivers.fuzz import (FuzzTarget, Fuzzer, WorkerSpec, database_key, open_database, parse_budget,
                             run_workers)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -98,7 +98,7 @@ def test_database_key_is_stable_and_names_scenario_and_variant():
 
 
 def test_knobs_the_user_fixed_make_another_target():
-    from racecheck.fuzz import record_filename
+    from racecheck.drivers.fuzz import record_filename
     assert database_key("eagle-v2", fixed={"graphs": False, "drop_sync": "m:f:wait#0"}) == \
         b"racecheck/v2/eagle-v2/all-fixes{drop_sync=m:f:wait#0,graphs=off}"
     shipped = record_filename("eagle-v2", None, "RC001 x")
@@ -124,7 +124,7 @@ def _cli_subprocess(args, cwd, env_extra=None, timeout=120):
     env = dict(os.environ)
     env["PYTHONPATH"] = HERE + os.pathsep + env.get("PYTHONPATH", "")
     env.update(env_extra or {})
-    code = ("import sys, test_fuzz_toy; test_fuzz_toy.register(); from racecheck.cli import main; "
+    code = ("import sys, test_fuzz_toy; test_fuzz_toy.register(); from racecheck.cli.main import main; "
             "sys.exit(main(sys.argv[1:]))")
     return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
@@ -302,7 +302,7 @@ def test_a_variants_dropped_sites_stay_dropped_in_every_example():
     drop_sync (set apart from its overrides), else half the examples would fuzz the fixed code."""
     from hypothesis import HealthCheck, given, settings
 
-    from racecheck.fuzz import strategies as rs
+    from racecheck.drivers.fuzz import strategies as rs
     from racecheck.scenarios import Scenario, Variant
     from test_fuzz_toy import KNOBS, SWITCHES, runner
 

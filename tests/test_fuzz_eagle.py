@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 
 from racecheck import scenarios
 from racecheck.instrumentation.adversarial import AdversarialExecutor
-from racecheck.fuzz import FuzzTarget, Fuzzer, open_database
-from racecheck.fuzz import strategies as rs
+from racecheck.drivers.fuzz import FuzzTarget, Fuzzer, open_database
+from racecheck.drivers.fuzz import strategies as rs
 
 SC = scenarios.get("eagle-v2")
 N_STREAMS = 6

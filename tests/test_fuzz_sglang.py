@@ -14,7 +14,7 @@ import sys
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from racecheck.fuzz import FuzzTarget, Fuzzer
+from racecheck.drivers.fuzz import FuzzTarget, Fuzzer
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("sglang") is None or importlib.util.find_spec("triton") is None,
@@ -25,7 +25,7 @@ SITE = "sglang.srt.speculative.eagle_worker_v2:EagleDraftWorker._draft_extend_fo
 
 
 def _drawn(target, n=200, rejected=None):
-    from racecheck.errors import UsageError
+    from racecheck.core.errors import UsageError
     out = []
 
     @settings(max_examples=n, database=None, derandomize=True, deadline=None,

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from racecheck import cli
-from racecheck.errors import UsageError
-from racecheck.findings import assign_groups
+from racecheck.cli.main import main as cli
+from racecheck.core.errors import UsageError
+from racecheck.core.findings import assign_groups
 from racecheck.reports import load_findings
-from racecheck.suppressions import (baseline_document, filter_findings, load_baseline, parse_suppressions)
+from racecheck.core.suppressions import (baseline_document, filter_findings, load_baseline, parse_suppressions)
 
 DATA = Path(__file__).parent / "data"
 FINDINGS = DATA / "findings_eagle.json"
@@ -25,7 +25,7 @@ def findings():
 
 
 def run_cli(argv, capsys):
-    """Through racecheck.cli.main, in process."""
+    """Through racecheck.cli.main.main, in process."""
     code = cli.main([str(a) for a in argv])
     out, err = capsys.readouterr()
     return code, out, err

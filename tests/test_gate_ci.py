@@ -29,8 +29,8 @@ class Result:
 
 
 def gate_inproc(capsys, *args):
-    """`python -m racecheck.gate` in this process (the script itself is tested once, by subprocess)."""
-    from racecheck.gate import ci_main
+    """`python -m racecheck.cli.gate` in this process (the script itself is tested once, by subprocess)."""
+    from racecheck.cli.gate import ci_main
     code = ci_main([str(a) for a in args])
     out, err = capsys.readouterr()
     return Result(code, out, " ".join(err.split()))
@@ -54,7 +54,7 @@ def test_gate_on_findings_writes_every_report(tmp_path):
 def test_gate_baseline_and_suppressions(tmp_path, capsys, monkeypatch):
     base = tmp_path / "baseline.json"
     from racecheck.reports import load_findings
-    from racecheck.suppressions import baseline_document
+    from racecheck.core.suppressions import baseline_document
     base.write_text(json.dumps(baseline_document(load_findings(FINDINGS))))
     summary = tmp_path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
@@ -128,7 +128,7 @@ def test_workflow_uploads(path):
     assert any(s.get("uses", "").startswith("actions/upload-artifact@") for s in steps)
     # the gate runs in the workflow, or in the ci/ script it calls
     scripts = [ROOT / "ci" / name for name in re.findall(r"ci/([\w-]+)", text) if (ROOT / "ci" / name).is_file()]
-    assert "racecheck.gate" in text or any("racecheck.gate" in p.read_text() for p in scripts)
+    assert "racecheck.cli.gate" in text or any("racecheck.cli.gate" in p.read_text() for p in scripts)
     checkout = str(path.resolve().parents[2])
     assert checkout not in text and "/root/" not in text, "no machine paths"
 
@@ -207,7 +207,7 @@ def test_fine():
 
 def _have_run_command():
     import importlib.util
-    return importlib.util.find_spec("racecheck.commands.run_cmd") is not None
+    return importlib.util.find_spec("racecheck.cli.commands.run_cmd") is not None
 
 
 @pytest.mark.skipif(not _have_run_command(), reason="`racecheck run` not available")

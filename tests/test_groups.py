@@ -12,7 +12,7 @@ from rich.console import Console
 
 import racecheck
 from racecheck import scenarios
-from racecheck.findings import Access, Finding, assign_groups, group_findings
+from racecheck.core.findings import Access, Finding, assign_groups, group_findings
 from racecheck.reports import render
 from racecheck.reports.console import plain_text, render_text
 
@@ -268,7 +268,7 @@ def test_temporary_named_by_the_parameter_it_was_passed_as():
 
 
 def test_source_names_from_statements():
-    from racecheck import sourcenames
+    from racecheck.core import sourcenames
 
     def frame_of(fn, nth=0):
         code = fn.__code__
@@ -307,7 +307,7 @@ def test_explicit_and_holder_names_win():
 
 def test_names_are_made_only_for_findings(monkeypatch):
     """No per-op cost: a clean run never reads source."""
-    from racecheck import checker, sourcenames
+    from racecheck.core import checker, sourcenames
     calls = []
     real = sourcenames.creation_name
     monkeypatch.setattr(checker, "creation_name", lambda fr: calls.append(fr) or real(fr))
@@ -364,7 +364,7 @@ def _fits(text, width=80):
 
 
 def test_tour_table_reads_in_80_columns():
-    from racecheck.commands.fuzz_cmd import tour_table
+    from racecheck.cli.commands.fuzz_cmd import tour_table
     rows = [("(all fixes on)", "clean", "yes", "1523 examples, 30s"),
             ("no-req_pool_padding_zero", "RC006 req_pool_indices", "yes", "12 examples, 3.1s"),
             ("no-verify_plan_wait-mrope", "RC001 ForwardBatch.mrope_positions",
@@ -377,7 +377,7 @@ def test_tour_table_reads_in_80_columns():
 
 
 def test_list_and_mutate_tables_read_in_80_columns(capsys, monkeypatch):
-    from racecheck import cli
+    from racecheck.cli.main import main as cli
     monkeypatch.setenv("COLUMNS", "80")
     assert cli.main(["list"]) == 0
     _fits(capsys.readouterr().out)

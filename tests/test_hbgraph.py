@@ -1,4 +1,4 @@
-"""The happens-before graph (racecheck.hbgraph, `racecheck explain`) agrees with the checker's clocks."""
+"""The happens-before graph (racecheck.core.hbgraph, `racecheck explain`) agrees with the checker's clocks."""
 from __future__ import annotations
 
 import json
@@ -7,10 +7,10 @@ import os
 import networkx as nx
 from hypothesis import given, settings, strategies as st
 
-from racecheck import cli
-from racecheck.checker import Checker
-from racecheck.hbgraph import HBGraph
-from racecheck.trace import (Copy, EventRecord, Footprint, HostAccess, HostSync, Kernel, NameTimeline,
+from racecheck.cli.main import main as cli
+from racecheck.core.checker import Checker
+from racecheck.core.hbgraph import HBGraph
+from racecheck.core.trace import (Copy, EventRecord, Footprint, HostAccess, HostSync, Kernel, NameTimeline,
                              StreamWaitEvent, StreamWaitStream)
 
 HOSTS = (100, 101)

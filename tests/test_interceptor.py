@@ -66,7 +66,7 @@ def test_findings_read_during_the_session_include_every_event_so_far():
 
 
 def test_a_checker_bug_mid_batch_stops_checking_and_names_the_event(monkeypatch):
-    from racecheck.checker import Checker
+    from racecheck.core.checker import Checker
     calls = []
     orig = Checker._on_kernel
 
@@ -100,7 +100,7 @@ def _caller_two(x):
 
 
 def test_a_repeated_stack_is_reused_but_never_stale():
-    from racecheck.trace import frame_info
+    from racecheck.core.trace import frame_info
     with racecheck.session(device="sim", record_trace=True) as rc:
         x = torch.zeros(4)
         order = (_caller_one, _caller_one, _caller_one, _caller_two, _caller_one)

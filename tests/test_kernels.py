@@ -275,7 +275,7 @@ def test_declared_extension_op_race_is_found():
 
 
 def test_bad_declarations_are_usage_errors():
-    from racecheck.errors import UsageError
+    from racecheck.core.errors import UsageError
     with pytest.raises(UsageError):
         @racecheck.kernel(writes=["nope"])
         def f(x):

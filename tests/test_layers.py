@@ -1,14 +1,15 @@
 """The package's layers stay strict: no import cycle, no import from a lower layer to a higher one.
 
 Every import counts, at module level and inside functions (a lazy import is still a dependency).
-The layers, bottom to top (docs/ARCHITECTURE.md draws them):
+A module's layer is where it lives (racecheck/_layout.py, the map setup.py reads too), bottom to
+top (docs/ARCHITECTURE.md draws them):
 
-    core             trace, checker, findings, recorder, suppressions: data and analysis, no torch hooks
-    instrumentation  racecheck.instrumentation: turns a running program into trace events
-    session          racecheck.session and the `racecheck` package itself: the public API
-    scenarios        racecheck.scenarios (pipelines under test) and racecheck.reports (renderers)
-    drivers          racecheck.fuzz, racecheck.mutate: run scenarios many times
-    cli              command lines, the gate, the start-up hook, the pytest plugin
+    core             racecheck/core/: trace, checker, findings, recorder, suppressions; no torch hooks
+    instrumentation  instrumentation/: turns a running program into trace events
+    session          racecheck/__init__.py, racecheck/session.py: the public API
+    scenarios        scenarios/ (pipelines under test) and reports/ (renderers)
+    drivers          racecheck/drivers/: fuzz, mutate: run scenarios many times
+    cli              racecheck/cli/: command lines, the gate, the start-up hook, the pytest plugin
 """
 from __future__ import annotations
 
@@ -18,40 +19,9 @@ import os
 import networkx as nx
 import pytest
 
+from racecheck._layout import FOLDERS, LAYERS, _under, layer, rank
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# import name -> folder (pyproject's package-dir mapping)
-FOLDERS = {"racecheck": "racecheck", "racecheck.instrumentation": "instrumentation",
-           "racecheck.scenarios": "scenarios", "racecheck.reports": "reports"}
-
-LAYERS = ["core", "instrumentation", "session", "scenarios", "drivers", "cli"]
-# Inside the CLI layer the entry points sit above what they share.
-CLI_RANKS = {"racecheck.cliparse": 0, "racecheck.gate": 1, "racecheck.autostart": 2,
-             "racecheck.pytest_plugin": 2, "racecheck.commands": 3, "racecheck.cli": 4,
-             "racecheck.__main__": 5}
-DRIVERS = ("racecheck.fuzz", "racecheck.mutate")
-
-
-def _under(module: str, prefix: str) -> bool:
-    return module == prefix or module.startswith(prefix + ".")
-
-
-def layer(module: str) -> str:
-    if _under(module, "racecheck.instrumentation"):
-        return "instrumentation"
-    if _under(module, "racecheck.scenarios") or _under(module, "racecheck.reports"):
-        return "scenarios"
-    if any(_under(module, d) for d in DRIVERS):
-        return "drivers"
-    if any(_under(module, c) for c in CLI_RANKS):
-        return "cli"
-    if module in ("racecheck", "racecheck.session"):
-        return "session"
-    return "core"
-
-
-def rank(module: str) -> tuple:
-    sub = next((r for c, r in CLI_RANKS.items() if _under(module, c)), 0)
-    return LAYERS.index(layer(module)), sub
 
 
 def modules() -> dict:
@@ -128,8 +98,8 @@ def graph():
 
 
 def test_the_graph_sees_the_whole_package(graph):
-    assert {"racecheck.checker", "racecheck.instrumentation.sim", "racecheck.scenarios.eagle_v2.scheduler",
-            "racecheck.reports.sarif", "racecheck.fuzz.engine", "racecheck.mutate", "racecheck.commands.fuzz_cmd"} \
+    assert {"racecheck.core.checker", "racecheck.instrumentation.sim", "racecheck.scenarios.eagle_v2.scheduler",
+            "racecheck.reports.sarif", "racecheck.drivers.fuzz.search", "racecheck.drivers.mutate", "racecheck.cli.commands.fuzz_cmd"} \
         <= set(graph)
     # lazy imports inside functions count
     assert graph.has_edge("racecheck.session", "racecheck.instrumentation")
@@ -160,7 +130,7 @@ def _edges_of(module: str, source: str, known, tmp_path, is_package=False) -> se
     return imported(module, str(p), known)
 
 
-KNOWN = {"racecheck", "racecheck.trace", "racecheck.session", "racecheck.instrumentation",
+KNOWN = {"racecheck", "racecheck.core.trace", "racecheck.session", "racecheck.instrumentation",
          "racecheck.instrumentation.sim", "racecheck.scenarios", "racecheck.scenarios.registry"}
 
 
@@ -170,30 +140,36 @@ def test_imports_inside_functions_and_relative_ones_are_seen(tmp_path):
            "    from racecheck.instrumentation import sim\n"
            "    import racecheck.scenarios.registry\n")
     assert _edges_of("racecheck.session", src, KNOWN, tmp_path) == {
-        "racecheck.trace", "racecheck.instrumentation.sim", "racecheck.scenarios.registry"}
+        "racecheck.core.trace", "racecheck.instrumentation.sim", "racecheck.scenarios.registry"}
 
 
 def test_from_package_import_name_depends_on_the_package(tmp_path):
     assert _edges_of("racecheck.scenarios.registry", "import racecheck\nfrom racecheck import session\n",
                      KNOWN, tmp_path) == {"racecheck", "racecheck.session"}
     assert _edges_of("racecheck.instrumentation.sim", "from .. import trace\n", KNOWN, tmp_path) \
-        == {"racecheck.trace"}
+        == {"racecheck.core.trace"}
 
 
 def test_an_upward_edge_and_a_cycle_are_reported():
-    g = nx.DiGraph([("racecheck.trace", "racecheck.instrumentation.sim"),
-                    ("racecheck.instrumentation.sim", "racecheck.trace")])
+    g = nx.DiGraph([("racecheck.core.trace", "racecheck.instrumentation.sim"),
+                    ("racecheck.instrumentation.sim", "racecheck.core.trace")])
     assert list(nx.simple_cycles(g))
-    assert [(a, b) for a, b in g.edges if rank(b) > rank(a)] == [("racecheck.trace", "racecheck.instrumentation.sim")]
+    assert [(a, b) for a, b in g.edges if rank(b) > rank(a)] == [("racecheck.core.trace", "racecheck.instrumentation.sim")]
 
 
 @pytest.mark.parametrize("module,expected", [
-    ("racecheck.checker", "core"), ("racecheck.recorder", "core"), ("racecheck.instrumentation.device", "instrumentation"),
+    ("racecheck.core.checker", "core"), ("racecheck.core.recorder", "core"), ("racecheck.instrumentation.device", "instrumentation"),
     ("racecheck", "session"), ("racecheck.session", "session"), ("racecheck.reports.sarif", "scenarios"),
-    ("racecheck.scenarios.eagle_v2", "scenarios"), ("racecheck.fuzz.repro", "drivers"), ("racecheck.gate", "cli"),
-    ("racecheck.commands.run_cmd", "cli"), ("racecheck.pytest_plugin", "cli")])
+    ("racecheck.scenarios.eagle_v2", "scenarios"), ("racecheck.drivers.fuzz.repro", "drivers"), ("racecheck.cli.gate", "cli"),
+    ("racecheck.cli.commands.run_cmd", "cli"), ("racecheck.cli.pytest_plugin", "cli")])
 def test_layer_of(module, expected):
     assert layer(module) == expected
+
+
+def test_the_top_folder_holds_only_the_public_api():
+    """Everything else lives in the folder of its layer: a new module at the top is a mistake."""
+    top = {m for m, path in modules().items() if os.path.dirname(path) == os.path.join(ROOT, "racecheck")}
+    assert top <= {"racecheck", "racecheck.session", "racecheck.__main__", "racecheck._layout"}, sorted(top)
 
 
 def missing_imports(path: str, module: str, known) -> set:
@@ -212,5 +188,5 @@ def test_every_import_of_the_package_names_a_module():
 def test_a_moved_module_is_reported(tmp_path):
     path = tmp_path / "m.py"
     path.write_text("def f():\n    from racecheck.scenarios.fuzz import Fuzzer\n")
-    assert missing_imports(str(path), "racecheck.commands.m", {"racecheck.scenarios"}) == {
+    assert missing_imports(str(path), "racecheck.cli.commands.m", {"racecheck.scenarios"}) == {
         "racecheck.scenarios.fuzz"}

@@ -1,10 +1,10 @@
-"""racecheck.mutate's report: regressions against a reviewed table, and SARIF that validates."""
+"""racecheck.drivers.mutate's report: regressions against a reviewed table, and SARIF that validates."""
 import json
 import pathlib
 
 import jsonschema
 
-from racecheck.mutate import NECESSARY, SILENT, MutationReport, SiteResult, to_sarif
+from racecheck.drivers.mutate import NECESSARY, SILENT, MutationReport, SiteResult, to_sarif
 
 DATA = pathlib.Path(__file__).parent / "data"
 

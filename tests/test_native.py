@@ -1,4 +1,4 @@
-"""The C hot path (racecheck/_speedups.c) against the Python it ports.
+"""The C hot path (instrumentation/_speedups.c) against the Python it ports.
 
 Each public case runs twice, C path on and off: the recorded traces (every event with its
 footprints and formatted stacks) and the findings must be equal field by field. Stack capture
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import racecheck
-from racecheck import native
+from racecheck.core import native
 from racecheck.instrumentation import stacks
 
 from cases import EXPECTED
@@ -31,7 +31,7 @@ def test_ci_builds_the_c_path():
 def test_switching_it_off_restores_the_python_reference():
     with native.using(False):
         assert stacks.capture is stacks._py_capture
-        from racecheck.checker import Checker
+        from racecheck.core.checker import Checker
         c = Checker()
         assert "process_all" not in vars(c) and "_read" not in vars(c)
 
@@ -157,7 +157,7 @@ def test_a_reassigned_tensor_method_is_called_by_the_c_path(monkeypatch):
 def test_a_checker_error_in_c_still_names_the_event(monkeypatch):
     """The engine failing to hand its state over (here: a class of the Python state that raises)
     is an internal error naming the event, and the program's results are unchanged."""
-    from racecheck import engine
+    from racecheck.core import fastchecker as engine
 
     def broken_timeline(*args):
         raise RuntimeError("boom")

@@ -20,7 +20,7 @@ import yaml
 
 from test_fuzz import _start_redis
 from test_fuzz_toy import toy_registered  # noqa: F401  (autouse fixture: toy-pipeline registered)
-from racecheck import cli
+from racecheck.cli.main import main as cli
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOW = ROOT / "ci" / "workflows" / "nightly-fuzz.yml"
@@ -90,9 +90,9 @@ def test_a_bad_known_failures_file_is_a_usage_error_before_fuzzing(tmp_path, cap
 
 
 def test_a_failure_without_findings_is_never_known():
-    from racecheck.commands.fuzz_cmd import known_failures
-    from racecheck.findings import Access, Finding
-    from racecheck.suppressions import parse_suppressions
+    from racecheck.cli.commands.fuzz_cmd import known_failures
+    from racecheck.core.findings import Access, Finding
+    from racecheck.core.suppressions import parse_suppressions
     f = Finding(rule="RC001", tensor="buf", current=Access("op", "a", "read", "x.py:1"),
                 previous=Access("op", "b", "write", "x.py:2"), suggestion="")
     everything = parse_suppressions("* *  # everything\n")
@@ -102,7 +102,7 @@ def test_a_failure_without_findings_is_never_known():
 
 @pytest.mark.parametrize("flavour", ["hip", "npu"])
 def test_the_platforms_known_failures_cite_findings(flavour):
-    from racecheck.suppressions import load_suppressions
+    from racecheck.core.suppressions import load_suppressions
     entries = load_suppressions(KNOWN / f"{flavour}.supp")
     assert entries and all("FINDINGS.md" in e.reason for e in entries)
     assert any(e.rule == "RC002" and e.tensor == "ReqToTokenPool.req_to_token" for e in entries)

@@ -89,7 +89,7 @@ def case_trace(ctx, cid, c_path: bool):
     """The case's recorded trace and findings (JSON), with racecheck's C code on or off."""
     import json as _json
     import re
-    from racecheck import native
+    from racecheck.core import native
     with native.using(c_path), ctx.session(record_trace=True) as rc:
         keep = EXPECTED[cid][0](ctx.dm(rc), ctx.device)  # noqa: F841
     events = [_json.loads(re.sub(r"Thread-\d+", "Thread-N", _json.dumps(e.to_json())))
@@ -119,7 +119,7 @@ def _clean(rc):
 
 
 def _names_of_kernel_streams(rc, op):
-    from racecheck.trace import Kernel, NameTimeline
+    from racecheck.core.trace import Kernel, NameTimeline
     names = {}
     for ev in rc.trace.events:
         if isinstance(ev, NameTimeline):
@@ -183,7 +183,7 @@ def check_outputs_allocated_on_the_ops_stream(ctx):
         x1 = torch.ones(8, device=ctx.dev(1))
         ctx.dm(rc).synchronize(1)
         y1 = x1 * 2                        # noqa: F841
-    from racecheck.trace import Alloc, Kernel
+    from racecheck.core.trace import Alloc, Kernel
     events = list(rc.trace.events)
     mul = next(e for e in events if isinstance(e, Kernel) and e.op == "mul")
     out = mul.writes[0].storage
@@ -457,7 +457,7 @@ def check_reentrant_emit(ctx):
     freed inside racecheck records an allocator event): it must queue, not re-enter."""
     import weakref
 
-    from racecheck.trace import HostSync, Kernel
+    from racecheck.core.trace import HostSync, Kernel
     with ctx.session(record_trace=True) as rc:
         x = torch.zeros(8, device=ctx.device)
         thread = rc.recorder.thread_tid()
@@ -527,8 +527,8 @@ def check_wait_stream_is_one_edge(ctx):
     """`a.wait_stream(b)` is one StreamWaitStream, not the record and wait of the event torch
     makes for it (with trace callbacks the runtime reports those two instead), in the C wrapper
     and its Python reference alike; a failure to report it is racecheck's, not the program's."""
-    from racecheck import native
-    from racecheck.trace import EventRecord, StreamWaitEvent, StreamWaitStream
+    from racecheck.core import native
+    from racecheck.core.trace import EventRecord, StreamWaitEvent, StreamWaitStream
     kinds = (EventRecord, StreamWaitEvent, StreamWaitStream)
     callbacks = ctx.variant in ("trace", "lagged")
     for on in (True, False):
@@ -565,8 +565,8 @@ def check_replay_is_reported_once_launched(ctx):
     """A replay's event is made after its launch (its cost overlaps the graph's work); a launch
     that raises reports nothing; racecheck failing to report one is an internal error, never the
     program's. The C wrapper and its Python reference alike."""
-    from racecheck import native
-    from racecheck.trace import GraphReplay
+    from racecheck.core import native
+    from racecheck.core.trace import GraphReplay
     cls = ctx.module.NPUGraph
     real = cls.replay
     launched = []
@@ -621,7 +621,7 @@ def check_queued_events_are_checked_before_the_host_waits(ctx):
     """`synchronize()` checks the queued batch before it waits, while the device works."""
     if ctx.variant != "wrappers":
         return "with trace callbacks the runtime reports the wait before waiting"
-    from racecheck import recorder
+    from racecheck.core import recorder
     m = ctx.module
     real = m.synchronize
     at = []
@@ -679,7 +679,7 @@ def check_temporaries_named_from_their_statement(ctx):
     """A temporary nobody holds when its finding is read is named by the statement that made it,
     the same with the per-op C path on or off, and the same in every iteration (whatever its
     size): one finding per rule."""
-    from racecheck import native
+    from racecheck.core import native
     seen = []
     for on in (True, False):
         with native.using(on), ctx.session() as rc:

@@ -8,9 +8,11 @@ import zipfile
 
 import pytest
 
+from racecheck import _layout
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FOLDERS = {"racecheck": "racecheck", "instrumentation": "racecheck/instrumentation",
-           "scenarios": "racecheck/scenarios", "reports": "racecheck/reports"}
+# source folder -> its path inside the wheel (racecheck/_layout.py maps import names to folders)
+FOLDERS = {folder: package.replace(".", "/") for package, folder in _layout.FOLDERS.items()}
 
 
 def _source_packages() -> set:
@@ -76,13 +78,13 @@ def test_import_and_offline_commands_need_no_torch(tmp_path):
         import sys
         import racecheck
         assert "torch" not in sys.modules
-        from racecheck.cli import main
+        from racecheck.cli.main import main
         assert main(["check", sys.argv[1], "--report", "json=f.json"]) == 1
         assert main(["report", "f.json", "-f", "sarif", "-o", "f.sarif"]) == 1
         assert main(["baseline", "f.json", "-o", "b.json"]) == 0
         assert main(["explain", sys.argv[1], "1"]) == 0
         assert main(["--version"]) == 0
-        import racecheck.pytest_plugin
+        import racecheck.cli.pytest_plugin
         assert "torch" not in sys.modules, "torch was imported"
         print("ok")
     """)

@@ -69,8 +69,8 @@ def test_rc005_names_the_line_that_dropped_the_last_reference():
 
 
 def test_free_site_survives_a_saved_trace(tmp_path):
-    from racecheck.checker import Checker
-    from racecheck.trace import Trace
+    from racecheck.core.checker import Checker
+    from racecheck.core.trace import Trace
     with racecheck.session(device="sim", record_trace=True) as rc:
         u = _freed_while_used(rc.device_module, "del")      # noqa: F841
     path = tmp_path / "t.jsonl"

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import racecheck
-from racecheck import native, recorder
+from racecheck.core import native, recorder
 
 PATHS = [pytest.param(True, id="c"), pytest.param(False, id="python")]
 

@@ -1,11 +1,11 @@
-"""Graph replays merged into shadow memory in one step (racecheck/replay.py) leave the state the
+"""Graph replays merged into shadow memory in one step (racecheck/core/replay.py) leave the state the
 per-op update leaves, and give the same findings, on random traces and on the public cases."""
 from __future__ import annotations
 
 import random
 
-from racecheck.checker import Checker
-from racecheck.trace import (CapturedOp, EventRecord, Footprint, GraphCapture, GraphReplay,
+from racecheck.core.checker import Checker
+from racecheck.core.trace import (CapturedOp, EventRecord, Footprint, GraphCapture, GraphReplay,
                              HostSync, Kernel, NameTimeline, StreamWaitEvent)
 
 

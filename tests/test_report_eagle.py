@@ -11,7 +11,7 @@ import pytest
 
 from racecheck.reports import FORMATS, load_findings, write_reports
 from racecheck.reports import json_report
-from racecheck.suppressions import baseline_document, filter_findings
+from racecheck.core.suppressions import baseline_document, filter_findings
 
 scenarios = pytest.importorskip("racecheck.scenarios")
 if not hasattr(scenarios, "get") or not hasattr(scenarios, "run"):

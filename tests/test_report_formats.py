@@ -10,8 +10,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from racecheck.errors import UsageError
-from racecheck.findings import RULES, Access, ContextEvent, Finding, assign_groups
+from racecheck.core.errors import UsageError
+from racecheck.core.findings import RULES, Access, ContextEvent, Finding, assign_groups
 from racecheck.reports import (FORMATS, load_findings, parse_report_spec, render, render_text,
                                write_reports)
 from racecheck.reports import json_report, perfetto, sarif

@@ -36,7 +36,7 @@ def test_html_is_self_contained(findings):
 
 
 def test_html_escapes_user_text():
-    from racecheck.findings import Access, Finding
+    from racecheck.core.findings import Access, Finding
     f = Finding(rule="RC001", tensor="<script>alert(1)</script>", suggestion="a & b",
                 current=Access(op="x", stream="<s>", kind="read", location="a.py:1"),
                 previous=Access(op="y", stream="t", kind="write", location="b.py:2"))

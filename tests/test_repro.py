@@ -7,11 +7,12 @@ import os
 import pytest
 
 from test_fuzz_toy import toy_registered  # noqa: F401  (fixture: toy-pipeline registered)
-from racecheck import cli, scenarios
-from racecheck.fuzz import (FORMAT, finding_key, load_record, make_record, record_filename, replay,
+from racecheck.cli.main import main as cli
+from racecheck import scenarios
+from racecheck.drivers.fuzz import (FORMAT, finding_key, load_record, make_record, record_filename, replay,
                              save_record)
-from racecheck.errors import UsageError
-from racecheck.fuzz import FuzzTarget
+from racecheck.core.errors import UsageError
+from racecheck.drivers.fuzz import FuzzTarget
 
 LATE_PRODUCER = {"priorities": {}, "host": 0, "change_points": [],
                  "holds": [{"stream": "side", "before_op": 0, "us": 5}]}
@@ -122,7 +123,7 @@ def test_record_file_names_are_stable_per_failure():
 
 
 def test_finding_keys_of_unnamed_tensors_do_not_carry_storage_numbers():
-    from racecheck.findings import Access, Finding
+    from racecheck.core.findings import Access, Finding
     acc = Access(op="add_", stream="s", kind="read", location="x.py:3")
     f = Finding("RC001", "unnamed tensor (storage #12, bytes 0..7)", acc, acc, "")
     assert finding_key(f) == "RC001 unnamed@x.py:3"

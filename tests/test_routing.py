@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import racecheck
-from racecheck.errors import UsageError
+from racecheck.core.errors import UsageError
 from racecheck.instrumentation.routing import CUDA_NAMES
 
 HERE = os.path.dirname(os.path.abspath(__file__))

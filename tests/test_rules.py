@@ -1,11 +1,11 @@
-"""racecheck.rules is the one home of rule texts: README, findings and reports read from it."""
+"""racecheck.core.rules is the one home of rule texts: README, findings and reports read from it."""
 from __future__ import annotations
 
 import os
 import pathlib
 
-from racecheck import rules
-from racecheck.findings import Access, Finding
+from racecheck.core import rules
+from racecheck.core.findings import Access, Finding
 from racecheck.reports import sarif
 from racecheck.reports._common import rule_name, rule_title
 
@@ -53,7 +53,7 @@ def test_no_rule_prose_outside_the_rules_module():
 
 
 def test_the_checker_emits_structure_and_the_findings_layer_writes_the_prose():
-    from racecheck.findings import Place, Race, describe
+    from racecheck.core.findings import Place, Race, describe
     src = (ROOT / "racecheck" / "checker.py").read_text()
     for phrase in ("record an event on", ".record_stream({", "rewrite (e.g. zero)", ".clone()",
                    "is not ordered after the", "never recorded does nothing"):
@@ -75,7 +75,7 @@ def test_the_checker_emits_structure_and_the_findings_layer_writes_the_prose():
 
 
 def test_fixes_for_top_level_code_name_file_and_line():
-    from racecheck.findings import Place, Race, describe
+    from racecheck.core.findings import Place, Race, describe
     place = Place("x", 1, "elements", "0..7", "0..31", True)
     w = Access(op="add_", stream="s", kind="write", location="prog.py:7", function="<module>")
     r = Access(op="mul", stream="default", kind="read", location="prog.py:9", function="<module>")

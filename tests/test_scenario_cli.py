@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from racecheck.cli import main
+from racecheck.cli.main import main
 
 def test_list_shows_scenarios_knobs_switches_variants(capsys):
     assert main(["list"]) == 0

@@ -7,8 +7,10 @@ import textwrap
 
 import pytest
 
-from racecheck import cli, scenarios
-from racecheck.errors import UsageError
+from racecheck.cli.main import main as cli
+
+from racecheck import scenarios
+from racecheck.core.errors import UsageError
 
 SCENARIO_SOURCE = textwrap.dedent('''
     import torch

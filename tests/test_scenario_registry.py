@@ -4,7 +4,7 @@ import json
 import pytest
 
 from racecheck import scenarios
-from racecheck.errors import UsageError
+from racecheck.core.errors import UsageError
 from racecheck.scenarios.eagle_v2.server_args import format_schedule, parse_schedule
 
 

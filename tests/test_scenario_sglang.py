@@ -102,7 +102,7 @@ def test_run_cli_drop_sync_flags_the_seed_and_rejects_a_site_that_never_ran():
 def test_a_dropped_wait_groups_its_findings_and_names_every_temporary():
     """The draft-extend join dropped: one panel per missing edge (rule family, the two
     timelines), and temporaries carry the statement that made them, not "unnamed tensor"."""
-    from racecheck.findings import group_findings, rule_family
+    from racecheck.core.findings import group_findings, rule_family
     site = "sglang.srt.speculative.eagle_worker_v2:EagleDraftWorker._draft_extend_for_decode:wait_stream#1"
     res = _run(graphs=False, drop_sync=site)
     assert res.race_findings, "dropping the join exposes races"

@@ -7,7 +7,7 @@ sites. Draws examples only: no engine runs, sglang need not be installed.
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from racecheck.fuzz import FuzzTarget
+from racecheck.drivers.fuzz import FuzzTarget
 from racecheck.scenarios import sglang as sg
 from racecheck.scenarios.sglang import strategy
 from racecheck.scenarios.sglang.platform import WAR_BARRIER
@@ -17,7 +17,7 @@ FLAVOURS = ("cuda", "hip", "npu")
 
 
 def _examples(target, n):
-    from racecheck.errors import UsageError
+    from racecheck.core.errors import UsageError
     out = []
 
     @settings(max_examples=n, database=None, derandomize=True, deadline=None,
@@ -96,8 +96,8 @@ def test_an_explicit_drop_sync_still_drops_it():
 
 
 def test_the_cli_keeps_the_runners_flavour():
-    from racecheck import cli
-    from racecheck.commands.fuzz_cmd import _fixed
+    from racecheck.cli.main import main as cli
+    from racecheck.cli.commands.fuzz_cmd import _fixed
     args = cli.build_parser().parse_args(["fuzz", "sglang-eagle-v2", "--set", "flavour=hip"])
     target = FuzzTarget(args.scenario, fixed=_fixed(args))
     assert all(cfg["flavour"] == "hip" for _e, cfg in _examples(target, 40))

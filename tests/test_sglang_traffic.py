@@ -70,7 +70,7 @@ def test_drawn_plans_for_the_engine_start_at_serving():
     from hypothesis import HealthCheck, given, settings
 
     from racecheck import scenarios
-    from racecheck.fuzz import strategies as rs
+    from racecheck.drivers.fuzz import strategies as rs
     seen = []
 
     @settings(max_examples=30, database=None, derandomize=True, deadline=None,

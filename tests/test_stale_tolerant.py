@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 
 import racecheck
-from racecheck.checker import Checker
-from racecheck.trace import Footprint, Kernel, Trace
+from racecheck.core.checker import Checker
+from racecheck.core.trace import Footprint, Kernel, Trace
 
 
 def _run(body, declare=True, record_trace=False):

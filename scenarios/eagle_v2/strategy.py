@@ -1,7 +1,7 @@
 """What the fuzzer draws for eagle-v2 itself: the request schedule, graph buckets, spec shape.
 
 The rest (feature knobs, fix switches, executor plans) is drawn generically from the knobs'
-types (racecheck.fuzz.strategies). Which batch pattern exposes a variant's bug, and the smallest
+types (racecheck.drivers.fuzz.strategies). Which batch pattern exposes a variant's bug, and the smallest
 one, is what fuzzing finds: these knobs are drawn even for a variant that sets them.
 """
 from __future__ import annotations

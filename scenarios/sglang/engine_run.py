@@ -95,7 +95,7 @@ def arrivals_of(cfg: dict) -> list:
 
 def _run(cfg: dict, rc, *, gpu: bool) -> dict:
     if not gpu and not getattr(rc, "route_cuda", False):
-        from racecheck.errors import UsageError
+        from racecheck.core.errors import UsageError
         raise UsageError("the sglang scenarios run sglang's CUDA code: on sim they need "
                          "torch.cuda routing (their default)")
     from . import imports, platform

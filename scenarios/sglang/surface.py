@@ -14,7 +14,7 @@ import importlib
 import importlib.metadata
 from dataclasses import dataclass
 
-from racecheck.errors import UsageError
+from racecheck.core.errors import UsageError
 
 # The first release the front door runs: 0.5.8.post1-0.5.15.post1 run as shipped (eagle-v2
 # graphs on and off, sglang-overlap: docs/SGLANG_RELEASES.md), as 0.5.16-0.5.23 do. Before 0.5.15

@@ -1,0 +1,147 @@
+"""The checker, run by the C engine (racecheck/core/_engine.c) for as long as the trace is clean.
+
+`FastChecker` has `Checker`'s public interface. Events go to the engine, which keeps the
+checker's state (clocks, context windows, shadow memory, records, allocations, graphs) in C
+structures and handles every event that cannot lead to a finding. At the first event that could
+(a race, an RC005 hazard coming due, stale graph input that is not declared stale-tolerant or
+is read as indices, an RC007 candidate) or that the engine does not model, it stops before
+touching its state, exports that state into a Python `Checker`, and the Python checker handles
+that event and everything after it. Findings therefore always come from the reference code; a
+clean run never leaves C.
+
+An RC005 hazard (a free while another stream's access is unordered) is not a finding yet, and in
+real engines most of them close (the allocation stream catches up before it reuses the block).
+The engine keeps them: the Python checker's own `_rc005_hazards` builds each one, with its
+finding text, on a checker given the engine's timelines at the free (`_open_hazards`), and the
+engine hands over only when its allocation stream issues work before catching up, or when
+findings are read while one is open.
+
+`new_checker()` is the factory the recorder and `racecheck check` use: a FastChecker where the
+engine was built and the C path is on (racecheck.core.native), else the Python Checker.
+"""
+from __future__ import annotations
+
+import itertools
+
+from racecheck.core import native, trace
+from racecheck.core.checker import (Checker, _Ctx, _CtxFree, _Graph, _GraphInput, _Name, _NoopWait, _Recorded,
+                      _Replay, _Timeline)
+from racecheck.core.shadow import StorageShadow, iv_add
+
+__all__ = ["FastChecker", "new_checker"]
+
+
+def _kit() -> dict:
+    """The classes the engine reads events through and builds the Python state from."""
+    kit = {name: cls for name, cls in vars(trace).items()
+           if isinstance(cls, type) and issubclass(cls, trace.Event) and cls is not trace.Event}
+    kit.update(Footprint=trace.Footprint, CapturedOp=trace.CapturedOp, _Timeline=_Timeline,
+               Checker=Checker, open_hazards=_open_hazards,
+               StorageShadow=StorageShadow, _Ctx=_Ctx, _CtxFree=_CtxFree, _Recorded=_Recorded,
+               _NoopWait=_NoopWait, _Graph=_Graph, _GraphInput=_GraphInput, _Replay=_Replay,
+               _Name=_Name, iv_add=iv_add)
+    return kit
+
+
+def _open_hazards(view: Checker, namer, ev, seq, h_tid, blk, a_tid, items, names, site) -> list:
+    """The RC005 hazards a free opens, made by the reference code on `view` (a Checker holding
+    the engine's timelines at the free; `names` and `site`, the freed block's, or None)."""
+    view.namer = namer
+    if names is not None:
+        view._names = {blk: names}
+    if site is not None:
+        view._sites = {blk: site}
+    return view._rc005_hazards(ev, seq, h_tid, blk, a_tid, items)
+
+
+class FastChecker:
+    """Checker's interface; the C engine until the first event that could make a finding."""
+
+    def __init__(self, context_window: int = 64, engine=None):
+        self.context_window = int(context_window)
+        module = engine or native.engine
+        self._engine = module.Engine(self.context_window, _kit())
+        self._py: Checker | None = None
+        self._namer = None
+        self.handed_over_at = None      # events the engine handled before the Python took over
+        self.handed_over_on = None      # the event it stopped at ("Kernel add_", ...)
+
+    @property
+    def namer(self):
+        return self._namer
+
+    @namer.setter
+    def namer(self, namer) -> None:
+        self._namer = namer
+        if self._py is not None:
+            self._py.namer = namer
+
+    @property
+    def handed_over(self) -> bool:
+        """The Python checker has taken over (a finding was possible at some event)."""
+        return self._py is not None
+
+    def python_checker(self) -> Checker:
+        """The reference checker, with this state (hands over now if the engine still runs)."""
+        return self._py if self._py is not None else self._handover()
+
+    def _handover(self) -> Checker:
+        self.handed_over_at = self._engine.events_processed
+        py = Checker(self.context_window)
+        py.namer = self._namer
+        self._engine.export(py)
+        self._py = py
+        self._engine = None
+        return py
+
+    def process(self, event) -> None:
+        self.process_all((event,))
+
+    def process_all(self, events) -> "FastChecker":
+        if self._py is not None:
+            self._py.process_all(events)
+            return self
+        it = iter(events)
+        stop = self._engine.process_all(it, self._namer)
+        if stop is not None:
+            op = getattr(stop, "op", None)
+            self.handed_over_on = type(stop).__name__ + (f" {op}" if op else "")
+            self._handover().process_all(itertools.chain((stop,), it))
+        return self
+
+    @property
+    def findings(self) -> list:
+        """As the Python checker's: open RC005 hazards are judged as if the trace ended here,
+        which the reference code does (so the engine hands over if one is open)."""
+        if self._py is None and self._engine.hazards_open():
+            self._handover()
+        return self._py.findings if self._py is not None else []
+
+    @property
+    def events_processed(self) -> int:
+        return self._py.events_processed if self._py is not None else self._engine.events_processed
+
+    def timeline_name(self, tid) -> str:
+        if self._py is not None:
+            return self._py.timeline_name(tid)
+        return self._engine.timeline_name(tid)
+
+    def stats(self) -> dict:
+        return self._py.stats() if self._py is not None else self._engine.stats()
+
+
+# Checker's methods as this module found them: the engine ports these
+_REFERENCE = {name: fn for name, fn in vars(Checker).items() if callable(fn)}
+
+
+def _python_changed() -> bool:
+    """A test or a plugin replaced one of Checker's methods: the engine no longer ports it."""
+    return any(vars(Checker).get(name) is not fn for name, fn in _REFERENCE.items())
+
+
+def new_checker(context_window: int = 64):
+    """The fastest checker built here: FastChecker, or the Python Checker without the engine
+    (or with a method of it replaced, which the Python checker then runs)."""
+    if native.engine is not None and not _python_changed():
+        return FastChecker(context_window)
+    return Checker(context_window)
