@@ -27,7 +27,7 @@ index=()
 cd "$work"
 "$work/venv/bin/python" -c "import racecheck, sys; assert '/site-packages/' in racecheck.__file__, racecheck.__file__"
 if command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1; then
-  "$work/venv/bin/python" -c "from racecheck import native; assert native.built is not None, 'the wheel has no C hot path'; assert native.engine_built is not None, 'the wheel has no C engine'"
+  "$work/venv/bin/python" -c "from racecheck.core import native; assert native.built is not None, 'the wheel has no C hot path'; assert native.engine_built is not None, 'the wheel has no C engine'"
   echo "wheel-check: the C hot path and engine are in the wheel: ok"
 fi
 

@@ -11,7 +11,7 @@ import pytest
 from test_fuzz_toy import toy_registered  # noqa: F401  (fixture: toy-pipeline registered)
 from test_repro import _record
 from racecheck import __version__
-from racecheck.cli.main import main as cli
+from racecheck.cli import main as cli
 from racecheck.core.trace import Trace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

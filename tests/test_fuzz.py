@@ -16,7 +16,7 @@ import time
 import pytest
 
 from test_fuzz_toy import toy_registered  # noqa: F401  (fixture: toy-pipeline registered)
-from racecheck.cli.main import main as cli
+from racecheck.cli import main as cli
 from racecheck.drivers.fuzz import (FuzzTarget, Fuzzer, WorkerSpec, database_key, open_database, parse_budget,
                             run_workers)
 

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from test_fuzz_toy import toy_registered  # noqa: F401  (fixture: toy-pipeline registered)
-from racecheck.cli.main import main as cli
+from racecheck.cli import main as cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from racecheck.cli.main import main as cli
+from racecheck.cli import main as cli
 from racecheck.core.errors import UsageError
 from racecheck.core.findings import assign_groups
 from racecheck.reports import load_findings

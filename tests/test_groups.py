@@ -377,7 +377,7 @@ def test_tour_table_reads_in_80_columns():
 
 
 def test_list_and_mutate_tables_read_in_80_columns(capsys, monkeypatch):
-    from racecheck.cli.main import main as cli
+    from racecheck.cli import main as cli
     monkeypatch.setenv("COLUMNS", "80")
     assert cli.main(["list"]) == 0
     _fits(capsys.readouterr().out)

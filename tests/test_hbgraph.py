@@ -7,7 +7,7 @@ import os
 import networkx as nx
 from hypothesis import given, settings, strategies as st
 
-from racecheck.cli.main import main as cli
+from racecheck.cli import main as cli
 from racecheck.core.checker import Checker
 from racecheck.core.hbgraph import HBGraph
 from racecheck.core.trace import (Copy, EventRecord, Footprint, HostAccess, HostSync, Kernel, NameTimeline,

@@ -135,7 +135,7 @@ KNOWN = {"racecheck", "racecheck.core.trace", "racecheck.session", "racecheck.in
 
 
 def test_imports_inside_functions_and_relative_ones_are_seen(tmp_path):
-    src = ("from .trace import Kernel\n"
+    src = ("from .core.trace import Kernel\n"
            "def f():\n"
            "    from racecheck.instrumentation import sim\n"
            "    import racecheck.scenarios.registry\n")
@@ -146,7 +146,7 @@ def test_imports_inside_functions_and_relative_ones_are_seen(tmp_path):
 def test_from_package_import_name_depends_on_the_package(tmp_path):
     assert _edges_of("racecheck.scenarios.registry", "import racecheck\nfrom racecheck import session\n",
                      KNOWN, tmp_path) == {"racecheck", "racecheck.session"}
-    assert _edges_of("racecheck.instrumentation.sim", "from .. import trace\n", KNOWN, tmp_path) \
+    assert _edges_of("racecheck.instrumentation.sim", "from ..core import trace\n", KNOWN, tmp_path) \
         == {"racecheck.core.trace"}
 
 

@@ -179,7 +179,7 @@ def test_a_checker_error_in_c_still_names_the_event(monkeypatch):
 
 def test_pure_python_switch_from_the_environment():
     import subprocess
-    code = "from racecheck import native; print(native.speedups is None)"
+    code = "from racecheck.core import native; print(native.speedups is None)"
     env = dict(os.environ, RACECHECK_PURE_PYTHON="1")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True).stdout.strip()

@@ -20,7 +20,7 @@ import yaml
 
 from test_fuzz import _start_redis
 from test_fuzz_toy import toy_registered  # noqa: F401  (autouse fixture: toy-pipeline registered)
-from racecheck.cli.main import main as cli
+from racecheck.cli import main as cli
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOW = ROOT / "ci" / "workflows" / "nightly-fuzz.yml"

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from test_fuzz_toy import toy_registered  # noqa: F401  (fixture: toy-pipeline registered)
-from racecheck.cli.main import main as cli
+from racecheck.cli import main as cli
 from racecheck import scenarios
 from racecheck.drivers.fuzz import (FORMAT, finding_key, load_record, make_record, record_filename, replay,
                              save_record)

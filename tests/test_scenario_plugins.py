@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from racecheck.cli.main import main as cli
+from racecheck.cli import main as cli
 
 from racecheck import scenarios
 from racecheck.core.errors import UsageError

@@ -96,7 +96,7 @@ def test_an_explicit_drop_sync_still_drops_it():
 
 
 def test_the_cli_keeps_the_runners_flavour():
-    from racecheck.cli.main import main as cli
+    from racecheck.cli import main as cli
     from racecheck.cli.commands.fuzz_cmd import _fixed
     args = cli.build_parser().parse_args(["fuzz", "sglang-eagle-v2", "--set", "flavour=hip"])
     target = FuzzTarget(args.scenario, fixed=_fixed(args))

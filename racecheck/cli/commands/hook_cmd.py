@@ -7,7 +7,7 @@ def add_arguments(p) -> None:
 
 
 def main(args) -> int:
-    from racecheck.cli.main import autostart
+    from racecheck.cli import autostart
     if args.action == "install":
         print(f"installed {autostart.install_hook()}: RACECHECK=1 now runs programs under racecheck")
     else:
