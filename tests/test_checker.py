@@ -1,7 +1,8 @@
 """Happens-before checker: vector clocks, shadow memory, every rule, event semantics.
 
-Traces are built by hand with the trace event classes (no torch). The CASES.md rows a checker can
-decide from a trace alone are mirrored here as P01..P27 (graphs: tests/test_checker_graphs.py).
+Traces are built by hand with the trace event classes (no torch). The docs/CASES.md rows a
+checker can decide from a trace alone are mirrored here as P01..P27 (graphs:
+tests/test_checker_graphs.py).
 """
 from __future__ import annotations
 
@@ -150,7 +151,7 @@ def test_shadow_segments_split_and_collapse():
     assert sh.find(35) == 2 and sh.find(100) == -1 and sh.find(-100) == -1
 
 
-# ---- CASES.md rows ----------------------------------------------------------------------------
+# ---- docs/CASES.md rows -----------------------------------------------------------------------
 
 def test_p01_write_on_side_stream_read_on_default():
     tb = synced(TB(), (X, "x"))
