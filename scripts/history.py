@@ -36,7 +36,7 @@ CONFIGS = {
 SEEDS = ("no-verify_plan_wait", "no-draft_extend_plan_wait", "no-verify_join",
          "no-futuremap_publish_wait", "no-war_barrier")
 
-# The upstream fixes (../EAGLE_PIPELINE.md, the WAR barrier) and the first release that has each,
+# The upstream fixes (docs/EAGLE_PIPELINE.md, the WAR barrier) and the first release that has each,
 # from the releases' sources (docs/SGLANG_RELEASES.md).
 FIXES = [
     ("#21940 draft -> verify prep ordered (event; later a plan-stream wait)", "0.5.11"),

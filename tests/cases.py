@@ -1,4 +1,4 @@
-"""The public hazard cases of CASES.md as programs over a device module.
+"""The public hazard cases of docs/CASES.md as programs over a device module.
 
 Each case takes (dm, device) and returns nothing; the expected verdict lives in EXPECTED.
 The same functions run on `sim`, on the npu stand-in and, where a GPU exists, on `cuda`.

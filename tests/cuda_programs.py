@@ -1,4 +1,4 @@
-"""The public hazard cases of CASES.md as plain torch.cuda programs: no racecheck in sight.
+"""The public hazard cases of docs/CASES.md as plain torch.cuda programs: no racecheck in sight.
 
     python tests/cuda_programs.py P01            # on a GPU: runs the case
     racecheck exec -- python tests/cuda_programs.py P01     # on any machine: checks it

@@ -1,4 +1,4 @@
-"""Every row of CASES.md on the sim backend: exactly the ground-truth verdict."""
+"""Every row of docs/CASES.md on the sim backend: exactly the ground-truth verdict."""
 import pytest
 
 import racecheck

@@ -1,10 +1,11 @@
-"""DESIGN.md's Python contract example, verbatim in behaviour (outside tests rely on it)."""
+"""docs/CONTRACT.md's first example, without its `dm.synchronize()`, verbatim in behaviour
+(outside tests rely on it)."""
 import torch
 
 import racecheck
 
 
-def test_design_contract_example():
+def test_contract_first_example():
     with racecheck.session(device="sim") as rc:
         dm = rc.device_module
         s, e = dm.Stream(), dm.Event()
