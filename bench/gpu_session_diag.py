@@ -33,7 +33,6 @@ CONFIGS = {
 def worker(config: str, variant) -> dict:
     import torch
 
-    import racecheck
     from racecheck import scenarios
     from racecheck.scenarios import RunContext
     sc = scenarios.get("eagle-v2")

@@ -79,8 +79,8 @@ def _is_tensor_type(t) -> bool:
 class OpClass:
     """Per-overload classification, computed once."""
 
-    __slots__ = ("name", "args", "out_roles", "inplace_self", "index", "index_role", "no_access",
-                 "is_view", "is_copy", "is_scalar_read", "data_dependent", "factory_meta_self",
+    __slots__ = ("name", "args", "out_roles", "index", "index_role", "no_access", "is_view",
+                 "is_copy", "is_scalar_read", "data_dependent", "factory_meta_self",
                  "metadata_inplace", "has_pin_memory", "has_device", "plain_args", "arg_names")
 
     def __init__(self, func):
@@ -114,7 +114,6 @@ class OpClass:
         self.out_roles = tuple(outs)
         self.is_view = bool(outs) and all(o == META for o in outs) and not any(
             role in (WRITE, READ_WRITE) for _, _, _, role in args)
-        self.inplace_self = bool(args) and args[0][3] in (WRITE, READ_WRITE)
         self.index = INDEX_OPS.get(name)
         role = INDEX_ROLES.get(name)
         self.index_role = role if role is not None and {role[0], role[1]} <= {
@@ -142,24 +141,6 @@ def classify(func) -> OpClass:
     if oc is None:
         oc = _cache[func] = OpClass(func)
     return oc
-
-
-def iter_arg_tensors(oc: OpClass, args, kwargs):
-    """(role, tensor) for every tensor argument, lists included."""
-    nargs = len(args)
-    for i, name, kwarg_only, role in oc.args:
-        if i < nargs and not kwarg_only:
-            v = args[i]
-        else:
-            v = kwargs.get(name) if kwargs else None
-        if v is None:
-            continue
-        if isinstance(v, torch.Tensor):
-            yield role, v
-        elif isinstance(v, (list, tuple)):
-            for x in v:
-                if isinstance(x, torch.Tensor):
-                    yield role, x
 
 
 def iter_out_tensors(oc: OpClass, out):

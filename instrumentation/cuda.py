@@ -38,7 +38,6 @@ class CudaBackend(DeviceBackend):
         module = device_module if device_module is not None else torch.cuda
         from torch.cuda import _gpu_trace
         get_cur = getattr(torch._C, "_cuda_getCurrentStream", None)
-        self.is_rocm = torch.version.hip is not None
         if callbacks is None:
             callbacks = _collectives_initialized()
         super().__init__(sink, module, trace=_gpu_trace, trace_style="gpu",

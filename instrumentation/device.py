@@ -218,7 +218,6 @@ class DeviceBackend(Backend):
         self._event_pool: list = []      # snapshot events and host buffers are reused, never freed
         self._host_pool: dict = {}       # during the session (a free fires allocator callbacks)
         self._sleeper = Sleeper(module, self.device_type)
-        self._installed = False
         key = self._cur(-1)
         self._dtype = key[2]
         self.special_ops = {"record_stream": self._record_stream}
@@ -866,7 +865,6 @@ class DeviceBackend(Backend):
             self._eid_of = self._obj_eid    # no handle is ever reported: ids live on the objects
         self._install_wrappers()
         _ACTIVE = self
-        self._installed = True
         dev = self._current_device()
         self._register((0, dev, self._dtype))      # "#0" is the default stream
         self.current_stream_tid()
@@ -881,7 +879,6 @@ class DeviceBackend(Backend):
             self._host_pool.clear()
             self._event_pool.clear()
             self._outstanding.clear()
-        self._installed = False
 
 
 class _Mute:

@@ -119,14 +119,6 @@ class StorageRegistry:
         entry = self._by_cdata.get(cdata)
         return entry[0] if entry is not None else None
 
-    def mark_host(self, t: torch.Tensor) -> None:
-        """Retag a storage as host memory (pinned at creation)."""
-        st = t.untyped_storage()
-        entry = self._by_cdata.get(st._cdata)
-        if entry is not None and not entry[2]:
-            self._by_cdata[st._cdata] = (entry[0], entry[1], True)
-            self.host_sids.add(entry[0])
-
     def is_known_device(self, t: torch.Tensor) -> bool:
         entry = self._by_cdata.get(t.untyped_storage()._cdata)
         return entry is not None and not entry[2]

@@ -27,15 +27,13 @@ from racecheck.core.errors import UsageError
 
 from .stacks import is_internal_file
 
-KINDS = ("wait_stream", "wait_event", "record", "synchronize", "record_stream", "padding")
-
 
 @dataclass
 class Site:
     """One synchronization site a run executed."""
 
     id: str
-    kind: str                 # one of KINDS
+    kind: str                 # wait_stream, wait_event, record, synchronize, record_stream, padding
     location: str             # "file.py:123"
     calls: int = 0
     dropped: int = 0

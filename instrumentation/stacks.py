@@ -61,17 +61,6 @@ def _is_launcher(filename: str) -> bool:
 
 _internal: dict = {}
 
-_extra_internal: list = []
-
-
-def mark_internal(directory: str) -> None:
-    """Treat frames under `directory` as racecheck machinery (e.g. an installed package path)."""
-    _extra_internal.append(os.path.abspath(directory) + os.sep)
-    _internal.clear()
-    _offsets.clear()
-    _last.clear()
-
-
 def _is_internal(filename: str) -> bool:
     if filename.startswith(_TORCH_DIR) or filename.startswith("<frozen"):
         return True
@@ -79,9 +68,6 @@ def _is_internal(filename: str) -> bool:
         if filename.startswith(d):
             return not any(filename.startswith(u) for u in _USER_DIRS)
     for d in _RUNNER_DIRS:
-        if filename.startswith(d):
-            return True
-    for d in _extra_internal:
         if filename.startswith(d):
             return True
     return os.path.basename(filename) in _STDLIB_PLUMBING or _is_launcher(filename)

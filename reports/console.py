@@ -23,17 +23,6 @@ TENSORS_SHOWN = 6  # tensors listed per group before "and N more"
 TITLE_NAME = 40   # longest tensor name a panel title shows (80 columns, a 16-digit subtitle)
 
 
-def rule_heading(f: Finding) -> Text:
-    """`RC001 read-after-write on mrope_positions`: short enough for a panel title."""
-    short = rules.get(f.rule).name
-    t = Text()
-    t.append(f.rule, style="bold red")
-    t.append(f" {short}", style="bold")
-    t.append(" on ")
-    t.append(f.tensor or "?", style="bold cyan")
-    return t
-
-
 def rule_title(f: Finding) -> Text:
     """The rule's full sentence, first line of the panel body."""
     return Text(f"{f.title} on `{f.tensor}`", style="italic")
@@ -160,11 +149,6 @@ def group_panel(g: FindingGroup, index: int | None = None) -> Panel:
     sub = f.fingerprint() if len(g.findings) == 1 else f"group {g.id}"
     return Panel(Group(*parts), title=title, title_align="left", border_style="red",
                  subtitle=Text(sub, style="dim"), subtitle_align="right")
-
-
-def finding_panel(f: Finding, index: int | None = None) -> Panel:
-    """One finding in one bordered block."""
-    return group_panel(FindingGroup(f.group_id(), [f]), index)
 
 
 def summary_line(n: int, suppressed: int = 0, baselined: int = 0, groups: int | None = None) -> Text:

@@ -12,7 +12,6 @@ import threading
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 import racecheck
 from racecheck.instrumentation.adversarial import AdversarialExecutor, PlanError, normalize_plan
@@ -24,7 +23,6 @@ from cases import EXPECTED
 SETTINGS = settings(max_examples=25, deadline=None, database=None, derandomize=True,
                     suppress_health_check=list(HealthCheck))
 
-RACY = sorted(k for k, (_, exp) in EXPECTED.items() if exp)
 CLEAN = sorted(k for k, (_, exp) in EXPECTED.items() if not exp)
 
 
@@ -213,7 +211,7 @@ def test_item_and_data_dependent_shapes_drain_their_stream():
 def test_host_calls_that_read_no_tensor_do_not_drain_a_slow_stream():
     # dtype promotion and profiler ranges return Python values without touching device memory
     ex = AdversarialExecutor({"priorities": {"#0": -1}, "host": 0})
-    with racecheck.session(device="sim", executor=ex, route_cuda=True) as rc:
+    with racecheck.session(device="sim", executor=ex, route_cuda=True):
         x = torch.zeros(4, device="cuda")
         torch.cuda.synchronize()
         x.add_(1)

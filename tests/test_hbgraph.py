@@ -1,9 +1,6 @@
 """The happens-before graph (racecheck.core.hbgraph, `racecheck explain`) agrees with the checker's clocks."""
 from __future__ import annotations
 
-import json
-import os
-
 import networkx as nx
 from hypothesis import given, settings, strategies as st
 

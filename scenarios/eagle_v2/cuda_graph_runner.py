@@ -157,7 +157,6 @@ class CudaGraphRunner:
                               seq_lens_cpu=b.seq_lens_cpu[:bs] if fb.seq_lens_cpu is not None else None,
                               ctx=self.ctx)
         self.raw_bs, self.bs = raw_bs, bs
-        fb.mark_forward_metadata_ready()
 
     def copy_mrope_positions(self, fb) -> None:
         """The NPU fix's pre-planned branch: the recomputed mrope positions into the graph slot."""

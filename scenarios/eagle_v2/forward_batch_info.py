@@ -33,7 +33,6 @@ class ForwardBatch:
     image_token_index: Any = None
     last_token_index: Any = None
     extend_num_tokens: int = 0
-    forward_metadata_ready: bool = False
 
     @classmethod
     def init_new(cls, batch, model_runner, defer_mrope: bool = False) -> "ForwardBatch":
@@ -74,9 +73,6 @@ class ForwardBatch:
         delta = model_runner.pools.mrope_position_delta[batch.req_pool_indices]
         per_token = delta.unsqueeze(1).expand(-1, ndt).reshape(1, -1)
         self.mrope_positions = racecheck.name(text + per_token, "mrope_positions")
-
-    def mark_forward_metadata_ready(self) -> None:
-        self.forward_metadata_ready = True
 
 
 def init_forward_metadata(req_to_token, req_pool_indices, seq_lens, col_ids, out=None,

@@ -129,7 +129,6 @@ class SpecTree:
             parent.append(0 if d == 1 else 1 + (d - 2) * topk)
         self.depth, self.parent, self.cand = depth, parent, cand
         self.chain = [i for i in range(1, n) if cand[i] == 0]          # node (d, 0), d = 1..
-        self.max_chain = len(self.chain)
         self.width = min(n, steps + 1)                                  # longest accepted path
         mask = [[0] * n for _ in range(n)]
         for i in range(n):

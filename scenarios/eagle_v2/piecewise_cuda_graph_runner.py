@@ -44,7 +44,6 @@ class PiecewiseCudaGraphRunner:
         self.input_embeds = racecheck.name(z(n), "mm_input_embeds")
         self.kv_values = racecheck.name(z(n), "extend.kv_values")
         self.graphs = {}
-        self.raw_num_tokens = 0
         self.capture()
 
     def capture(self) -> None:
@@ -78,7 +77,6 @@ class PiecewiseCudaGraphRunner:
             buf[:raw].copy_(src)
         if self.model_is_mrope:
             self.mrope_positions[:, :raw].copy_(fb.mrope_positions)
-        self.raw_num_tokens = raw
         self.graphs[n].replay()
         next_token_ids, hidden = self.model_runner.model.extend_attention(fb, self.kv_values[:raw])
         output = LogitsProcessorOutput(next_token_logits=next_token_ids, hidden_states=hidden)

@@ -24,8 +24,6 @@ SITE_VERIFY_JOIN = \
     "sglang.srt.speculative.eagle_worker_common:run_eagle_verify:wait_stream#1"
 SITE_DRAFT_EXTEND_PLAN_WAIT = \
     "sglang.srt.speculative.eagle_worker_v2:EagleDraftWorker._draft_extend_for_decode:wait_stream#0"
-SITE_DRAFT_EXTEND_JOIN = \
-    "sglang.srt.speculative.eagle_worker_v2:EagleDraftWorker._draft_extend_for_decode:wait_stream#1"
 SITE_PUBLISH_WAIT = "sglang.srt.managers.overlap_utils:FutureMap.resolve_seq_lens_cpu:wait#0"
 SITE_WAR_BARRIER = "sglang.srt.managers.scheduler:Scheduler._apply_war_barrier:wait_stream#0"
 

@@ -192,6 +192,3 @@ def verify_tree_greedy(predicts, accept_index, accept_token_num, candidates, ret
     accept_token_num.copy_(accepted.to(accept_token_num.dtype))
     flat_predicts.index_put_((last,), target[last].to(predicts.dtype))
 
-
-OPS = {"build_tree_kernel_efficient": build_tree_kernel_efficient,
-       "verify_tree_greedy": verify_tree_greedy}

@@ -189,7 +189,6 @@ class FuzzReport:
     replayed_first: bool = False                      # the first example came from the database
     first_example_failed: bool = False
     stopped: str = ""
-    hypothesis_runs: int = 0
     # examples (scenario runs) that showed each kind of failure
     kinds: dict = field(default_factory=lambda: {"finding": 0, "differential": 0, "fault": 0,
                                                  "crash": 0, "internal": 0})
@@ -273,7 +272,6 @@ class Fuzzer:
     def _hypothesis_run(self, *, phases, max_examples, ignore=(), key=None, want=None, seed=None):
         from hypothesis import Phase, Verbosity, given, reject, settings
         target = self.target
-        rep = self.report
         ignore = frozenset(ignore)
         # Failure keys raised in this run, in order: what Hypothesis is shrinking. With
         # report_multiple_bugs off it stops generating at the first one, so a run that raised is
@@ -320,7 +318,6 @@ class Fuzzer:
         hyp.set_database_key(fuzz_example, key if key is not None else target.key)
         if seed is not None:
             hyp.set_seed(fuzz_example, seed)
-        rep.hypothesis_runs += 1
         try:
             fuzz_example()
         except _BudgetSpent:
