@@ -145,7 +145,7 @@ def test_the_workflow_fuzzes_each_vendor_on_its_flavour_with_redis():
     platforms = {m["platform"]: m for m in job["strategy"]["matrix"]["include"]}
     assert {p: (m["device"], m["flavour"]) for p, m in platforms.items()} == {
         "sim": ("sim", "cuda"), "nvidia": ("cuda", "cuda"), "rocm": ("cuda", "hip"), "ascend": ("npu", "npu")}
-    assert set(doc["env"]["SCENARIOS"].split()) >= {"sglang-eagle-v2", "sglang-overlap"}
+    assert set(doc["env"]["SCENARIOS"].split()) >= {"sglang-eagle-v2", "sglang-overlap", "sglang-hicache"}
     assert "secrets.RACECHECK_REDIS_URL" in doc["env"]["RACECHECK_REDIS_URL"]
     assert _resolve(step["env"]["DB"], {}, {"RACECHECK_REDIS_URL": "redis://r:6379/0", "CORPUS": "c"}) \
         == "redis://r:6379/0"
