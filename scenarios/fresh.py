@@ -183,3 +183,175 @@ def start(fn, *args, **kwargs) -> Pending:
             os._exit(code)
     os.close(write)
     return Pending(pid, read)
+
+
+# -- long-lived engine processes -----------------------------------------------------------------
+#
+# One engine, many request schedules: a child forked from this (warmed) process builds the
+# engine once and then serves requests from the parent over a pipe, as a server serves traffic
+# (scenarios/sglang/reuse.py, racecheck/drivers/fuzz/engines.py). Messages are pickled, each
+# preceded by its length.
+
+def _send(fd: int, obj) -> None:
+    data = pickle.dumps(obj)
+    view = memoryview(len(data).to_bytes(8, "little") + data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _recv(fd: int):
+    """The next message, or raise EOFError when the other end closed."""
+    def exactly(n):
+        chunks, got = [], 0
+        while got < n:
+            chunk = os.read(fd, n - got)
+            if not chunk:
+                raise EOFError
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks)
+    return pickle.loads(exactly(int.from_bytes(exactly(8), "little")))
+
+
+class Channel:
+    """The child's end of a `Server`: `recv()` the next request (None once the parent closed
+    it), `send(reply)`."""
+
+    def __init__(self, read: int, write: int):
+        self._read, self._write = read, write
+
+    def recv(self):
+        try:
+            return _recv(self._read)
+        except EOFError:
+            return None
+
+    def send(self, obj) -> None:
+        try:
+            _send(self._write, (True, obj))
+        except Exception as exc:            # noqa: BLE001 - an unpicklable reply says so
+            _send(self._write, (False, RuntimeError(
+                f"the engine's process could not send its reply: {exc}")))
+
+
+class Server:
+    """A long-lived child forked from this process, serving requests until closed.
+
+    `fn(channel, *args)` runs in the child: it answers each `channel.recv()` with one
+    `channel.send(...)`; a reply `(False, exception)` is raised here. When `fn` returns, the
+    child leaves; a child that dies is `EngineProcessDied` at the next `request`."""
+
+    def __init__(self, fn, *args):
+        from_parent, to_child = os.pipe()               # (read end, write end)
+        from_child, to_parent = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:                                     # the child
+            code = 0
+            try:
+                os.close(to_child)
+                os.close(from_child)
+                chan = Channel(from_parent, to_parent)
+                try:
+                    fn(chan, *args)
+                except BaseException as exc:             # noqa: BLE001 - sent to the parent
+                    try:
+                        _send(to_parent, (False, exc))
+                    except Exception:                    # noqa: BLE001
+                        _send(to_parent, (False, RuntimeError(f"{type(exc).__name__}: {exc}")))
+                sys.stdout.flush()
+                sys.stderr.flush()
+            except BaseException:                        # noqa: BLE001
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(from_parent)
+        os.close(to_parent)
+        self.pid = pid
+        self._to, self._from = to_child, from_child
+        self.alive = True
+
+    def request(self, obj):
+        """Send `obj`, wait for the reply."""
+        self.send(obj)
+        return self.reply()
+
+    def send(self, obj) -> None:
+        if not self.alive:
+            raise EngineProcessDied("the engine's process was closed")
+        try:
+            _send(self._to, obj)
+        except OSError:
+            self._died()
+
+    def reply(self):
+        try:
+            ok, value = _recv(self._from)
+        except EOFError:
+            self._died()
+        if not ok:
+            raise value
+        return value
+
+    def _died(self):
+        self.alive = False
+        _, status = os.waitpid(self.pid, 0)
+        for fd in (self._to, self._from):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        how = (f"signal {signal.Signals(os.WTERMSIG(status)).name}" if os.WIFSIGNALED(status)
+               else f"exit status {os.WEXITSTATUS(status)}")
+        raise EngineProcessDied(f"the engine's process died ({how})")
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Ask the child to leave (its channel reads None), wait a while, then kill it."""
+        if not self.alive:
+            return
+        self.alive = False
+        for fd in (self._to,):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pid, _ = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                break
+            time.sleep(0.05)
+        else:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            os.waitpid(self.pid, 0)
+        try:
+            os.close(self._from)
+        except OSError:
+            pass
+
+    def kill(self) -> None:
+        """Stop the child now (its stretch's result is no longer wanted)."""
+        if not self.alive:
+            return
+        self.alive = False
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.waitpid(self.pid, 0)
+        for fd in (self._to, self._from):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def serve(sc, fn, *args) -> Server:
+    """A `Server` running `fn(channel, *args)`, forked from this process warmed for `sc`."""
+    warm(sc)
+    return Server(fn, *args)

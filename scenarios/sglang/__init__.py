@@ -13,6 +13,7 @@ Needs sglang installed (`scripts/setup.sh`; `SGLANG=<version or checkout>` for a
 """
 from __future__ import annotations
 
+import importlib
 import os
 
 from ..registry import Knob, Scenario, Variant
@@ -231,3 +232,5 @@ def engine_setup(sc) -> None:
 
 for _sc in (SCENARIO, OVERLAP_SCENARIO):
     engine_setup(_sc)
+    # the fuzzer runs examples as stretches of one open engine per shape (reuse.py)
+    _sc.reuse = importlib.import_module(__name__ + ".reuse")

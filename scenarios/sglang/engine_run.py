@@ -94,6 +94,27 @@ def arrivals_of(cfg: dict) -> list:
 
 
 def _run(cfg: dict, rc, *, gpu: bool) -> dict:
+    with _engine(cfg, rc, gpu=gpu) as on_start:
+        outputs, _info = serve(shape_of(cfg), arrivals_of(cfg), max_steps=cfg["max_steps"],
+                               stop_token=cfg["stop_token"], on_start=on_start)
+    return {"output_ids": outputs}
+
+
+def serve_stretches(cfg: dict, rc, channel, *, shape: Shape, begin, end) -> None:
+    """One engine of `cfg`'s shape serving request schedules from `channel` until it is closed
+    (scenarios/sglang/reuse.py): sglang's event loop runs throughout, idle between schedules."""
+    from .server import StretchFeeder
+
+    def feeder(outputs, on_first):
+        return StretchFeeder(outputs, channel, begin=begin, end=end, on_first=on_first)
+    with _engine(cfg, rc, gpu=False) as on_start:
+        serve(shape, [], max_steps=cfg["max_steps"], on_start=on_start, feeder=feeder)
+
+
+@contextlib.contextmanager
+def _engine(cfg: dict, rc, *, gpu: bool):
+    """The process set up for sglang's scheduler of `cfg` (environment, imports, flavour,
+    patches); yields the `on_start(scheduler)` hook the loop's first iteration calls."""
     if not gpu and not getattr(rc, "route_cuda", False):
         from racecheck.core.errors import UsageError
         raise UsageError("the sglang scenarios run sglang's CUDA code: on sim they need "
@@ -151,9 +172,7 @@ def _run(cfg: dict, rc, *, gpu: bool) -> dict:
                 name_streams(rc, scheduler)
                 for on_start_too in starts:
                     on_start_too(rc, scheduler)
-        outputs, _info = serve(shape_of(cfg), arrivals_of(cfg), max_steps=cfg["max_steps"],
-                               stop_token=cfg["stop_token"], on_start=on_start)
-    return {"output_ids": outputs}
+        yield on_start
 
 
 def name_streams(rc, scheduler) -> None:

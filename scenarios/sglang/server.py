@@ -233,6 +233,90 @@ class Feeder:
         return [self.make(a, self.stop_token) for a in now]
 
 
+def is_idle(scheduler) -> bool:
+    """No request queued or running and no batch result pending (sglang's own test where the
+    release has it: `Scheduler.is_fully_idle`)."""
+    idle = getattr(scheduler, "is_fully_idle", None)
+    if idle is not None:
+        return bool(idle())
+    running = getattr(scheduler, "running_batch", None)
+    last = getattr(scheduler, "last_batch", None)
+    return ((running is None or running.is_empty()) and not getattr(scheduler, "waiting_queue", ())
+            and (last is None or last.is_empty()) and not getattr(scheduler, "result_queue", ()))
+
+
+class StretchFeeder(Feeder):
+    """A feeder for one engine serving many request schedules (scenarios/sglang/reuse.py).
+
+    Between schedules the event loop asks for requests and waits: the feeder takes the next
+    command from `channel` (`None` or `{"op": "close"}`: the loop exits as on shutdown). A
+    command `{"arrivals": [...], "max_steps": N, "stop_token": T}` starts a *stretch*:
+    `begin(scheduler, command)` is called, the arrivals join at their steps (phases as in
+    `Feeder`), and once every request finished and the scheduler is idle (its last batch
+    processed) `end(scheduler, timed_out, tokens)` makes the reply, which is sent before the next
+    command is read. A stretch that runs `max_steps` iterations of a phase without finishing
+    ends with `timed_out` and the loop exits after the reply (the engine is not reused)."""
+
+    def __init__(self, outputs: Outputs, channel, *, begin, end, on_first=None, make=None):
+        super().__init__([], outputs, max_steps=1, stop_token=-1, on_first=on_first, make=make)
+        self.channel = channel
+        self.begin = begin
+        self.end = end
+        self.active = False
+
+    def _exit(self, scheduler) -> list:
+        if not hasattr(scheduler, "gracefully_exit"):
+            raise _Stop()
+        scheduler.gracefully_exit = True
+        return []
+
+    def arrivals(self, scheduler) -> list:
+        k = self.step
+        self.step += 1
+        self.outputs.drain()
+        if self.active:
+            done = len(self.outputs.finished) >= self.total
+            timed_out = not done and k - self.phase_start >= self.max_steps
+            if not done and not timed_out:
+                return self._release(k)
+            if done and not is_idle(scheduler):
+                return []                    # the loop processes its last batch first
+            self.active = False
+            self.outputs.drain()
+            self.channel.send(self.end(scheduler, timed_out, dict(self.outputs.tokens)))
+            if timed_out:
+                return self._exit(scheduler)
+        command = self.channel.recv()
+        if command is None or command.get("op") == "close":
+            return self._exit(scheduler)
+        command = self.begin(scheduler, command) or command
+        self.outputs.tokens.clear()
+        self.outputs.finished.clear()
+        self.pending = sorted(command["arrivals"], key=lambda a: (a.phase, a.step))
+        self.total = len(self.pending)
+        self.max_steps = command["max_steps"]
+        self.stop_token = command["stop_token"]
+        self.phase = self.pending[0].phase if self.pending else 0
+        self.phase_start = k
+        self.phase_starts = [k]
+        self._released = set()
+        self.active = True
+        return self._release(k)
+
+    def _release(self, k: int) -> list:
+        if self.pending and self.pending[0].phase != self.phase \
+                and self._released <= self.outputs.finished:
+            self.phase = self.pending[0].phase
+            self.phase_start = k
+            self.phase_starts.append(k)
+        now = []
+        while self.pending and self.pending[0].phase == self.phase \
+                and self.pending[0].step <= k - self.phase_start:
+            now.append(self.pending.pop(0))
+        self._released.update(a.rid for a in now)
+        return [self.make(a, self.stop_token) for a in now]
+
+
 class _Pipe:
     """The launcher's pipe: `run_scheduler_process` sends the scheduler's init info on it, once
     the scheduler is built (its graphs captured) and before its event loop starts."""
@@ -321,10 +405,12 @@ def _catch_scheduler_errors():
         logger.removeHandler(handler)
 
 
-def serve(shape: Shape, arrivals, *, max_steps: int, stop_token: int = -1, on_start=None):
+def serve(shape: Shape, arrivals, *, max_steps: int, stop_token: int = -1, on_start=None,
+          feeder=None):
     """Start sglang's scheduler process for `shape`, feed it `arrivals`, run its event loop until
     every request finished; returns ({rid: token ids}, the scheduler's init info). `on_start`
-    is called with the scheduler before its first loop iteration."""
+    is called with the scheduler before its first loop iteration. `feeder(outputs, on_start)`,
+    if given, makes the feeder instead (`StretchFeeder`: schedules from a channel)."""
     sa = server_args(shape)
     PortArgs = _need("sglang.srt.server_args", "PortArgs")
     port_args = PortArgs.init_new(sa)
@@ -347,7 +433,7 @@ def serve(shape: Shape, arrivals, *, max_steps: int, stop_token: int = -1, on_st
                            "not know how to fill")
     outputs = Outputs(port_args)
     feeder = Feeder(arrivals, outputs, max_steps=max_steps, stop_token=stop_token,
-                    on_first=on_start)
+                    on_first=on_start) if feeder is None else feeder(outputs, on_start)
     started = time.perf_counter()
     try:
         with _own_process_title(), _no_parent_signal(), _catch_scheduler_errors() as errors, \

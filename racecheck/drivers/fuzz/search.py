@@ -189,6 +189,7 @@ class FuzzReport:
     replayed_first: bool = False                      # the first example came from the database
     first_example_failed: bool = False
     stopped: str = ""
+    engines: dict = field(default_factory=dict)       # engines.py's counts, where engines are reused
     # examples (scenario runs) that showed each kind of failure
     kinds: dict = field(default_factory=lambda: {"finding": 0, "differential": 0, "fault": 0,
                                                  "crash": 0, "internal": 0})
@@ -213,10 +214,13 @@ class Fuzzer:
                  budget_s: float | None = None, max_examples: int | None = None, seed: int | None = None,
                  first_only: bool = False, stop_when=None, stop_when_all: bool = False,
                  shrink_grace_s: float | None = None,
-                 on_progress=None, on_found=None, worker: int = 0, write: bool = True):
+                 on_progress=None, on_found=None, worker: int = 0, write: bool = True,
+                 reuse_engines: bool = True):
         if budget_s is None and max_examples is None:
             budget_s = 60.0
         self.target = target
+        # one engine, many schedules (engines.py), where the scenario says how
+        target.reuse_engines = reuse_engines
         self.db = database
         self.findings_dir = findings_dir
         self.budget_s = budget_s
@@ -357,7 +361,8 @@ class Fuzzer:
                 diff_detail=getattr(r, "diff_detail", ""), faults=outcome.faults, crash=outcome.crash,
                 search={"examples": found.examples_to_find, "seconds": round(found.seconds_to_find, 3),
                         "shrunk": shrunk, "hypothesis": hypothesis.__version__,
-                        "database_key": self.target.key.decode(), "worker": self.worker})
+                        "database_key": self.target.key.decode(), "worker": self.worker,
+                        "engine": outcome.engine})
             found.path = save_record(rec, self.findings_dir, record_filename(
                 self.target.scenario, self.target.variant, key, self.target.fixed))
         found.seconds_to_repro = time.monotonic() - self._t0
@@ -457,6 +462,14 @@ class Fuzzer:
         self._t0 = time.monotonic()
         self._deadline = self._t0 + self.budget_s if self.budget_s else None
         rep = self.report
+        try:
+            return self._run(rep)
+        finally:
+            self.target.close()
+            rep.engines = self.target.engine_stats() if self.target.reusing() else {}
+
+    def _run(self, rep) -> FuzzReport:
+        from hypothesis import Phase
         batch = 0
         size = 50
         with _profile_loaded(self.db):

@@ -50,6 +50,9 @@ class Outcome:
     seconds: float = 0.0
     config: dict = field(default_factory=dict)
     executor: dict = field(default_factory=dict)
+    # where it ran: "fresh" (an engine built for it), "reused" (a stretch of an open engine,
+    # engines.py), or the confirmation of a reused engine's failure on a fresh one
+    engine: str = "fresh"
 
     @property
     def failed(self) -> bool:
@@ -94,6 +97,27 @@ class FuzzTarget:
         self.drops_matched: set = set()       # --drop-sync entries some example's run executed
         self.sites_seen: set = set()
         self.examples_run = 0
+        # one engine, many schedules (engines.py): the fuzzer turns it on; a replay
+        # (`racecheck repro`) and `racecheck run` always build a fresh engine
+        self.reuse_engines = False
+        self.pool = None
+        self.confirmations = {"confirmed": 0, "not_reproduced": 0}
+
+    def reusing(self) -> bool:
+        """Whether examples run as stretches of open engines (engines.py)."""
+        from racecheck.scenarios import fresh
+        return bool(self.reuse_engines) and getattr(self.sc, "reuse", None) is not None \
+            and fresh.available(self.sc, self.device)
+
+    def close(self) -> None:
+        """Close the open engines, if any."""
+        if self.pool is not None:
+            self.pool.close()
+
+    def engine_stats(self) -> dict:
+        out = self.pool.summary() if self.pool is not None else {}
+        out["confirmations"] = dict(self.confirmations)
+        return out
 
     def unmatched_drops(self) -> list:
         """--drop-sync entries that no example run so far executed (in this process)."""
@@ -125,6 +149,8 @@ class FuzzTarget:
         Findings do not depend on the order device work runs in, so this gives the same detector
         keys as `run`; differential and value failures need `run`."""
         from racecheck.scenarios import fresh
+        if self.reusing():
+            return self._run_reused(example, detector_only=True)
         cfg = self.concrete_config(example)
         t0 = time.perf_counter()
         seed = int(example.get("seed", 0))
@@ -143,6 +169,64 @@ class FuzzTarget:
 
     def run(self, example: dict) -> Outcome:
         """Run one example. An invalid configuration raises UsageError."""
+        if self.reusing():
+            return self._run_reused(example)
+        return self._run_fresh(example)
+
+    def _run_reused(self, example: dict, *, detector_only: bool = False) -> Outcome:
+        """The example as a stretch of the open engine of its shape (engines.py). A failure
+        closes that engine and, unless only the detector is asked (Hypothesis shrinking a
+        finding; its final replay comes here again), is confirmed on a fresh engine: the
+        outcome is then the fresh engine's, as a repro record replays it."""
+        from racecheck.drivers.fuzz.engines import EnginePool
+        from racecheck.scenarios.registry import drop_sync_sites
+        cfg = self.concrete_config(example)
+        plan = example.get("plan")
+        seed = int(example.get("seed", 0))
+        if self.pool is None:
+            self.pool = EnginePool(self.sc, self.device)
+        t0 = time.perf_counter()
+        keys, findings, crash, internal, result, faults, stretch = [], [], "", [], None, [], None
+        executor = {}
+        try:
+            stretch = self.pool.run(cfg, plan, seed, reference=not detector_only)
+            result = stretch.result
+            findings = list(result.findings)
+            internal = list(result.internal_errors or ())
+            executor = dict(result.executor_state or {})
+            faults = list(executor.get("faults") or ())
+            self.examples_run += 1
+            self.sites_seen.update(site.id for site in result.sync_sites)
+            self.drops_matched.update(set(drop_sync_sites(cfg)) - set(result.unmatched_drops))
+        except UsageError:
+            raise
+        except Exception as exc:   # the engine failed in this stretch (its process is closed)
+            crash = _crash_text(exc)
+        for f in findings:
+            _add(keys, finding_key(f))
+        for fl in faults:
+            _add(keys, f"FAULT {fl['op']}")
+        if crash:
+            keys.append(f"CRASH {crash.split(':', 1)[0]}")
+        for text in internal:
+            head = text.split("\n", 1)[0]
+            kind = head.split(": ", 2)[1] if head.count(": ") >= 2 else "Error"
+            _add(keys, f"INTERNAL {kind}")
+        where = stretch.describe() if stretch is not None else "a reused engine"
+        if keys or (stretch is not None and not stretch.clean_end):
+            self.pool.retire()
+        if keys and not detector_only:
+            confirmed = self._run_fresh(example)
+            same = [k for k in keys if k in confirmed.keys]
+            self.confirmations["confirmed" if same else "not_reproduced"] += 1
+            confirmed.engine = (
+                f"fresh: confirmed on a fresh engine ({where} showed {', '.join(keys)})" if same
+                else f"fresh: {where} showed {', '.join(keys)}, a fresh engine did not")
+            return confirmed
+        return Outcome(keys, findings, result, faults, crash, internal, time.perf_counter() - t0,
+                       cfg, executor, engine=f"reused: {where}")
+
+    def _run_fresh(self, example: dict) -> Outcome:
         from racecheck import scenarios
         cfg = self.concrete_config(example)
         plan = example.get("plan")
@@ -174,7 +258,7 @@ class FuzzTarget:
         faults = list(executor.faults) if executor is not None else []
         if faults and not crash:
             # An op that fails under any order is a program bug, not a race: check issue order.
-            eager = self.run(dict(example, plan=None)) if plan is not None else None
+            eager = self._run_fresh(dict(example, plan=None)) if plan is not None else None
             if eager is not None and eager.crash:
                 crash = eager.crash
                 faults = []
