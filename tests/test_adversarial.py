@@ -19,6 +19,7 @@ from racecheck.instrumentation.delays import DelayPlanError, normalize_holds
 from racecheck.drivers.fuzz import strategies as rs
 
 from cases import EXPECTED
+from helpers import in_session, pairs
 
 SETTINGS = settings(max_examples=25, deadline=None, database=None, derandomize=True,
                     suppress_health_check=list(HealthCheck))
@@ -28,11 +29,11 @@ CLEAN = sorted(k for k, (_, exp) in EXPECTED.items() if not exp)
 
 def _run(program, plan=None, eager=False):
     ex = None if eager else AdversarialExecutor(plan)
-    with racecheck.session(device="sim", executor=ex) as rc:
-        keep = program(rc.device_module, "cpu")
-    values = {k: v.clone() for k, v in sorted((keep or {}).items())
+    kept = {}
+    rc = in_session(lambda rc: kept.update(program(rc.device_module, "cpu") or {}), executor=ex)
+    values = {k: v.clone() for k, v in sorted(kept.items())
               if isinstance(v, torch.Tensor) and k not in ("keep",)}
-    return {(f.rule, f.tensor) for f in rc.findings}, values, rc, ex
+    return set(pairs(rc.findings)), values, rc, ex
 
 
 def _equal(a: dict, b: dict) -> bool:
@@ -238,7 +239,7 @@ def test_pinned_host_reads_before_the_copy_runs_see_the_old_value():
         dm.synchronize()
         late = h[0].item()
     assert (early, late) == (0.0, 3.0)
-    assert {(f.rule, f.tensor) for f in rc.findings} == {("RC004", "unnamed tensor (storage #2, bytes 0..15)")} \
+    assert set(pairs(rc.findings)) == {("RC004", "unnamed tensor (storage #2, bytes 0..15)")} \
         or any(f.rule == "RC004" for f in rc.findings)
 
 
@@ -279,13 +280,13 @@ def test_a_dropped_tensor_is_freed_where_the_program_dropped_it():
 
     with racecheck.session(device="sim") as rc:
         program(rc.device_module)
-    eager = {(f.rule, f.tensor) for f in rc.findings}
+    eager = set(pairs(rc.findings))
     assert ("RC005", "t") in eager
     for plan in ({}, {"host": 3}, {"priorities": {"#1": 3}, "host": 0}):
         ex = AdversarialExecutor(plan)
         with racecheck.session(device="sim", executor=ex) as rc:
             program(rc.device_module)
-        assert {(f.rule, f.tensor) for f in rc.findings} == eager, plan
+        assert set(pairs(rc.findings)) == eager, plan
 
 
 def test_an_op_that_fails_when_its_turn_comes_is_a_fault_not_a_crash():

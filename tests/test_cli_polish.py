@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from helpers import in_session
 from test_fuzz_toy import toy_registered  # noqa: F401  (fixture: toy-pipeline registered)
 from test_repro import _record
 from racecheck import __version__
@@ -15,11 +16,6 @@ from racecheck.cli import main as cli
 from racecheck.core.trace import Trace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _racecheck(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "racecheck", *args], capture_output=True, text=True,
-                          cwd=ROOT, timeout=300, **kw)
 
 
 def test_version(capsys):
@@ -65,23 +61,22 @@ def test_json_errors_read_naturally(tmp_path, capsys):
     assert "is empty" in capsys.readouterr().err
 
 
-def _trace(path):
+def _racy(rc):
     import torch
     import racecheck
-    with racecheck.session(device="sim", record_trace=True) as rc:
-        dm = rc.device_module
-        s = dm.Stream()
-        x = racecheck.name(torch.zeros(8), "seq_lens")
-        dm.synchronize()
-        with dm.stream(s):
-            x.add_(1)
-        y = x * 2  # noqa: F841
-    rc.save_trace(str(path))
+    dm = rc.device_module
+    s = dm.Stream()
+    x = racecheck.name(torch.zeros(8), "seq_lens")
+    dm.synchronize()
+    with dm.stream(s):
+        x.add_(1)
+    y = x * 2  # noqa: F841
+    return locals()     # alive until the session ends
 
 
 def test_a_trace_cut_at_a_line_boundary_is_flagged(tmp_path, capsys):
     p = tmp_path / "t.jsonl"
-    _trace(p)
+    in_session(_racy, record_trace=True).save_trace(str(p))
     assert Trace.is_complete(p)
     assert cli.main(["check", str(p)]) == 1
     assert "cut short" not in capsys.readouterr().err

@@ -1,36 +1,30 @@
 """`--drop-sync` on run and fuzz: any scenario's synchronization sites can be dropped."""
-import subprocess
-import sys
-
-
-def _racecheck(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "racecheck", *args], capture_output=True,
-                          text=True, timeout=300, cwd=cwd)
+from helpers import racecheck_cli
 
 
 def test_fuzz_with_dropped_waits_finds_a_race(tmp_path):
-    proc = _racecheck("fuzz", "eagle-v2", "--drop-sync", "*:wait_*", "--max-examples", "5",
-                      "--first", "--quiet", "--seed", "0", "--db", str(tmp_path / "db"),
-                      "--findings-dir", str(tmp_path / "found"), cwd=tmp_path)
+    proc = racecheck_cli("fuzz", "eagle-v2", "--drop-sync", "*:wait_*", "--max-examples", "5",
+                         "--first", "--quiet", "--seed", "0", "--db", str(tmp_path / "db"),
+                         "--findings-dir", str(tmp_path / "found"), cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "RC001" in proc.stdout and "reproduce: racecheck repro" in proc.stdout
 
 
 def test_a_dropped_site_the_run_never_executed_is_a_usage_error_naming_the_closest(tmp_path):
-    proc = _racecheck("run", "eagle-v2", "--drop-sync", "nowhere:nothing:wait_stream#0", cwd=tmp_path)
+    proc = racecheck_cli("run", "eagle-v2", "--drop-sync", "nowhere:nothing:wait_stream#0", cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "no synchronization site the run executed" in proc.stderr
     site = "racecheck.scenarios.eagle_v2.model_runner:ModelRunner.__init__:synchronize#0"
     typo = site.replace("#0", "#3")
-    proc = _racecheck("run", "eagle-v2", "--drop-sync", typo, cwd=tmp_path)
+    proc = racecheck_cli("run", "eagle-v2", "--drop-sync", typo, cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"closest: {site[:-1]}" in proc.stderr and proc.stderr.count("\n") == 1
 
 
 def test_fuzz_with_a_site_no_example_executed_is_a_usage_error(tmp_path):
-    proc = _racecheck("fuzz", "eagle-v2", "--drop-sync", "nowhere:nothing:wait_stream#0",
-                      "--max-examples", "2", "--quiet", "--seed", "0", "--db", "none",
-                      "--findings-dir", str(tmp_path / "found"), cwd=tmp_path)
+    proc = racecheck_cli("fuzz", "eagle-v2", "--drop-sync", "nowhere:nothing:wait_stream#0",
+                         "--max-examples", "2", "--quiet", "--seed", "0", "--db", "none",
+                         "--findings-dir", str(tmp_path / "found"), cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "no synchronization site the run executed" in proc.stderr
 

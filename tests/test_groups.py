@@ -16,6 +16,8 @@ from racecheck.core.findings import Access, Finding, assign_groups, group_findin
 from racecheck.reports import render
 from racecheck.reports.console import plain_text, render_text
 
+from helpers import in_session
+
 
 def _side_write(dm, s, tensors):
     with dm.stream(s):
@@ -49,9 +51,7 @@ def _plan_stream_and_two_tensors(dm, rc):
 
 
 def _session_findings(program):
-    with racecheck.session(device="sim") as rc:
-        dm = rc.device_module
-        program(dm, rc)
+    rc = in_session(lambda rc: program(rc.device_module, rc))
     assert not rc.internal_errors, rc.internal_errors
     return list(rc.findings)
 

@@ -10,6 +10,8 @@ from racecheck.core.hbgraph import HBGraph
 from racecheck.core.trace import (Copy, EventRecord, Footprint, HostAccess, HostSync, Kernel, NameTimeline,
                              StreamWaitEvent, StreamWaitStream)
 
+from helpers import in_session
+
 HOSTS = (100, 101)
 STREAMS = (1, 2, 3)
 EVENTS = (7, 8)
@@ -87,26 +89,30 @@ def test_graph_is_acyclic_and_paths_name_their_edges():
     assert g.path(6, 3) is None
 
 
-def _trace(tmp_path):
+def _program(rc):
     import torch
     import racecheck
-    with racecheck.session(device="sim", record_trace=True) as rc:
-        dm = rc.device_module
-        plan = dm.Stream()
-        rc.name_stream(plan, "plan_stream")
-        x = racecheck.name(torch.zeros(8), "seq_lens")
-        y = racecheck.name(torch.zeros(8), "positions")
-        dm.synchronize()
-        with dm.stream(plan):
-            x.add_(1)
-            y.add_(1)
-        e = dm.Event()
-        e.record(plan)
-        dm.current_stream().wait_event(e)
-        y2 = y * 2                       # ordered by the event  # noqa: F841
-        with dm.stream(plan):
-            x.add_(1)
-        x2 = x * 2                       # RC001: nothing orders it  # noqa: F841
+    dm = rc.device_module
+    plan = dm.Stream()
+    rc.name_stream(plan, "plan_stream")
+    x = racecheck.name(torch.zeros(8), "seq_lens")
+    y = racecheck.name(torch.zeros(8), "positions")
+    dm.synchronize()
+    with dm.stream(plan):
+        x.add_(1)
+        y.add_(1)
+    e = dm.Event()
+    e.record(plan)
+    dm.current_stream().wait_event(e)
+    y2 = y * 2                       # ordered by the event  # noqa: F841
+    with dm.stream(plan):
+        x.add_(1)
+    x2 = x * 2                       # RC001: nothing orders it  # noqa: F841
+    return locals()                  # alive until the session ends
+
+
+def _trace(tmp_path):
+    rc = in_session(_program, record_trace=True)
     path = tmp_path / "t.jsonl"
     rc.save_trace(str(path))
     return path, rc.findings

@@ -1,8 +1,4 @@
 """torch.cuda routing on sim: programs written for a GPU run unchanged on a CPU."""
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -10,7 +6,7 @@ import racecheck
 from racecheck.core.errors import UsageError
 from racecheck.instrumentation.routing import CUDA_NAMES
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from helpers import pairs, racecheck_cli
 
 
 def _snapshot():
@@ -18,10 +14,6 @@ def _snapshot():
             torch.get_device_module, torch.tensor, torch.as_tensor, torch.asarray,
             {n: torch.Tensor.__dict__.get(n) for n in ("to", "cpu", "cuda", "new_tensor", "is_cuda",
                                                       "device", "is_cpu", "get_device")})
-
-
-def _rules(rc):
-    return sorted((f.rule, f.tensor) for f in rc.findings)
 
 
 def test_routing_is_restored_exactly():
@@ -108,7 +100,7 @@ def test_nonblocking_d2h_read_before_sync_is_rc004():
         x = torch.arange(8, device="cuda")
         h = racecheck.name(x.to("cpu", non_blocking=True), "h")
         h[0].item()
-    assert _rules(rc) == [("RC004", "h")]
+    assert sorted(pairs(rc.findings)) == [("RC004", "h")]
 
 
 @pytest.mark.parametrize("sync", ["device", "event", "blocking"])
@@ -127,7 +119,7 @@ def test_d2h_read_after_sync_is_clean(sync):
                 e.synchronize()
         h[0].item()
         h.tolist()
-    assert _rules(rc) == []
+    assert sorted(pairs(rc.findings)) == []
 
 
 def test_race_through_plain_torch_cuda():
@@ -138,7 +130,7 @@ def test_race_through_plain_torch_cuda():
         with torch.cuda.stream(s):
             x.add_(1)
         y = x * 2  # noqa: F841
-    assert _rules(rc) == [("RC001", "x")]
+    assert sorted(pairs(rc.findings)) == [("RC001", "x")]
 
 
 def test_host_ops_on_cpu_tensors_are_host_work():
@@ -149,18 +141,13 @@ def test_host_ops_on_cpu_tensors_are_host_work():
         with torch.cuda.stream(s):
             lens.add_(1)
         lens.sum()
-    assert _rules(rc) == []
-
-
-def _exec(*argv, env=None):
-    return subprocess.run([sys.executable, "-m", "racecheck", "exec", *argv], capture_output=True,
-                          text=True, env={**os.environ, **(env or {})}, timeout=120)
+    assert sorted(pairs(rc.findings)) == []
 
 
 def test_exec_exit_status_is_the_programs_when_clean(tmp_path):
     prog = tmp_path / "p.py"
     prog.write_text("import sys, torch\nx = torch.zeros(2, device='cuda')\nsys.exit(5)\n")
-    r = _exec("--", "python", str(prog))
+    r = racecheck_cli("exec", "--", "python", str(prog))
     assert r.returncode == 5, r.stderr
 
 
@@ -170,14 +157,14 @@ def test_exec_races_win_over_the_programs_status(tmp_path):
         "import sys, torch\ns = torch.cuda.Stream()\nx = torch.zeros(2, device='cuda')\n"
         "torch.cuda.synchronize()\nwith torch.cuda.stream(s):\n    x.add_(1)\ny = x + 1\n"
         "sys.exit(5)\n")
-    r = _exec("--quiet", "--", "python", str(prog))
+    r = racecheck_cli("exec", "--quiet", "--", "python", str(prog))
     assert r.returncode == 1, r.stderr
 
 
 def test_exec_program_traceback_has_no_racecheck_frames(tmp_path):
     prog = tmp_path / "p.py"
     prog.write_text("def f():\n    raise ValueError('boom')\nf()\n")
-    r = _exec("--", "python", str(prog))
+    r = racecheck_cli("exec", "--", "python", str(prog))
     assert r.returncode == 1
     assert "ValueError: boom" in r.stderr
     assert "runpy" not in r.stderr and "exec_cmd" not in r.stderr and "racecheck" not in r.stderr
@@ -185,7 +172,7 @@ def test_exec_program_traceback_has_no_racecheck_frames(tmp_path):
 
 @pytest.mark.parametrize("argv", [["-m", "no_such_module_here"], ["no_such_file.py"]])
 def test_exec_missing_program_is_a_usage_error(argv):
-    r = _exec("--", "python", *argv)
+    r = racecheck_cli("exec", "--", "python", *argv)
     assert r.returncode == 2
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 
@@ -193,8 +180,8 @@ def test_exec_missing_program_is_a_usage_error(argv):
 def test_exec_routes_by_default_and_can_opt_out(tmp_path):
     prog = tmp_path / "p.py"
     prog.write_text("import torch\ns = torch.cuda.Stream()\nprint('ok')\n")
-    assert _exec("--", "python", str(prog)).returncode == 0
-    r = _exec("--no-route-cuda", "--", "python", str(prog))
+    assert racecheck_cli("exec", "--", "python", str(prog)).returncode == 0
+    r = racecheck_cli("exec", "--no-route-cuda", "--", "python", str(prog))
     assert r.returncode == 1 and "CUDA" in r.stderr
 
 

@@ -5,8 +5,9 @@ import torch
 import torch.nn.functional as F
 
 import racecheck
-from racecheck.core.checker import Checker
 from racecheck.core.trace import Footprint, Kernel, Trace
+
+from helpers import pairs, recheck
 
 
 def _run(body, declare=True, record_trace=False):
@@ -35,10 +36,6 @@ def _run(body, declare=True, record_trace=False):
     return rc
 
 
-def _rules(rc):
-    return {(f.rule, f.tensor) for f in rc.findings}
-
-
 def _as_data(dm, ids, state):
     if state is None:
         return {"out": racecheck.name(torch.zeros(8, dtype=torch.int64), "out")}
@@ -59,33 +56,33 @@ def _gather_into(writes):
 
 
 def test_undeclared_stale_rows_are_rc006_whatever_their_use():
-    assert _rules(_run(_as_data, declare=False)) == {("RC006", "ids")}
-    assert _rules(_run(_gather_into(None), declare=False)) == {("RC006", "ids")}
+    assert set(pairs(_run(_as_data, declare=False).findings)) == {("RC006", "ids")}
+    assert set(pairs(_run(_gather_into(None), declare=False).findings)) == {("RC006", "ids")}
 
 
 def test_declared_stale_rows_used_as_data_are_silent():
-    assert _rules(_run(_as_data)) == set()
+    assert pairs(_run(_as_data).findings) == []
 
 
 def test_declared_stale_index_into_memory_never_written_after_capture_is_silent():
-    assert _rules(_run(_gather_into(None))) == set()
+    assert pairs(_run(_gather_into(None)).findings) == []
 
     def embed(dm, ids, state):
         if state is None:
             return {"w": racecheck.name(torch.randn(16, 4), "embed_tokens"), "out": torch.zeros(8, 4)}
         state["out"].copy_(F.embedding(ids, state["w"]))
-    assert _rules(_run(embed)) == set()
+    assert pairs(_run(embed).findings) == []
 
     def select(dm, ids, state):
         if state is None:
             return {"w": torch.randn(16, 4), "out": torch.zeros(8, 4)}
         state["out"].copy_(torch.index_select(state["w"], 0, ids))
-    assert _rules(_run(select)) == set()
+    assert pairs(_run(select).findings) == []
 
 
 def test_declared_stale_index_into_mutated_memory_stays_rc006():
     rc = _run(_gather_into("between"))
-    assert _rules(rc) == {("RC006", "ids")}
+    assert set(pairs(rc.findings)) == {("RC006", "ids")}
     f = rc.findings[0]
     assert "rows 3..7" in f.detail or "elements 3..7" in f.detail
     assert "as indices into `req_to_token`" in f.detail
@@ -93,7 +90,7 @@ def test_declared_stale_index_into_mutated_memory_stays_rc006():
 
 
 def test_the_verdict_does_not_depend_on_when_the_indexed_memory_is_written():
-    assert _rules(_run(_gather_into("late"))) == {("RC006", "ids")}
+    assert set(pairs(_run(_gather_into("late")).findings)) == {("RC006", "ids")}
 
 
 def test_stale_kv_write_location_stays_rc006():
@@ -102,7 +99,7 @@ def test_stale_kv_write_location_stays_rc006():
             return {"kv": racecheck.name(torch.zeros(16, 4), "kv_cache"), "v": torch.ones(8, 4)}
         state["kv"].index_put_((ids,), state["v"])
     rc = _run(kv_write)
-    assert _rules(rc) == {("RC006", "ids")}
+    assert set(pairs(rc.findings)) == {("RC006", "ids")}
     assert "`kv_cache`" in rc.findings[0].detail
 
 
@@ -124,7 +121,7 @@ def test_declaration_covers_only_the_declared_bytes():
         ids[:3].copy_(torch.tensor([4, 5, 6]))
         g.replay()
         dm.synchronize()
-    assert _rules(rc) == {("RC006", "ids")}
+    assert set(pairs(rc.findings)) == {("RC006", "ids")}
     assert "5..7" in rc.findings[0].detail and "3..7" not in rc.findings[0].detail
     assert racecheck.stale_tolerant(ids) is ids          # outside a session: a no-op
 
@@ -132,14 +129,10 @@ def test_declaration_covers_only_the_declared_bytes():
 def test_index_role_and_declarations_round_trip_through_saved_traces(tmp_path):
     rc = _run(_gather_into("between"), record_trace=True)
     path = tmp_path / "t.jsonl"
-    rc.save_trace(path)
-    events = list(Trace.iter_file(path))
-    assert any(e.kind == "stale_tolerant" for e in events)
-    offline = Checker().process_all(events).findings
+    offline = recheck(rc, path)
+    assert any(e.kind == "stale_tolerant" for e in Trace.iter_file(path))
     assert [f.to_json() for f in offline] == [f.to_json() for f in rc.findings]
-    silent = _run(_gather_into(None), record_trace=True)
-    silent.save_trace(path)
-    assert Checker().process_all(Trace.iter_file(path)).findings == []
+    assert recheck(_run(_gather_into(None), record_trace=True), path) == []
 
 
 def test_index_role_is_recorded_for_index_ops_only():

@@ -1,0 +1,47 @@
+"""What many tests do alike: run a small program in a session, read its findings as
+(rule, tensor) pairs, check its saved trace again, call the command line in a fresh process."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import racecheck
+
+
+def in_session(program, device="sim", **options):
+    """The session `program(rc)` ran in, once it is over (its findings are final). What the program
+    returns lives until the session has ended, as a real program's tensors would."""
+    with racecheck.session(device=device, **options) as rc:
+        kept = program(rc)  # noqa: F841
+    return rc
+
+
+def case_on_sim(program, **options):
+    """A public case of tests/cases.py on sim (its tensors on the host), in a session."""
+    return in_session(lambda rc: program(rc.device_module, "cpu"), **options)
+
+
+def pairs(findings) -> list:
+    """(rule, tensor) of each finding, in report order: the verdict most tests compare."""
+    return [(f.rule, f.tensor) for f in findings]
+
+
+def messages(findings) -> str:
+    """Every finding's message, for an assertion to show what was found instead."""
+    return "\n".join(f.message() for f in findings)
+
+
+def recheck(rc, path) -> list:
+    """Save the session's trace to `path` and check it again from the file, as `racecheck check`
+    does: the findings of the offline checker."""
+    from racecheck.core.checker import Checker
+    from racecheck.core.trace import Trace
+    rc.save_trace(path)
+    return Checker().process_all(Trace.iter_file(path)).findings
+
+
+def racecheck_cli(*args, cwd=None, env=None, timeout=300) -> subprocess.CompletedProcess:
+    """`python -m racecheck ARGS` in a fresh process; `env` adds to this process's environment."""
+    return subprocess.run([sys.executable, "-m", "racecheck", *map(str, args)], capture_output=True,
+                          text=True, cwd=cwd, env={**os.environ, **(env or {})}, timeout=timeout)
