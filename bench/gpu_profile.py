@@ -243,7 +243,7 @@ def _primitives(torch, iters=20000):
 
 # Own time (cProfile tottime) grouped by what the code is for; first matching pattern wins.
 CATEGORIES = (
-    ("checker (shadow memory, clocks)", ("racecheck/core/checker.py", "racecheck/core/shadow.py",
+    ("checker (shadow memory, clocks)", ("racecheck/core/checker/", "racecheck/core/shadow.py",
                                          "racecheck/core/clocks.py")),
     ("event queue (recorder)", ("racecheck/core/recorder.py",)),
     ("event objects", ("racecheck/core/trace.py",)),

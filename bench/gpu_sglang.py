@@ -130,7 +130,7 @@ def one_run(spec: dict) -> dict:
     from racecheck.scenarios.registry import RunContext, _instrumented, split_known
     from racecheck.scenarios.sglang import server
     out = {"mode": spec["mode"], "c_hot_path": native.speedups is not None,
-           "c_engine": native.engine is not None}
+           "c_engine": native.checker_engine() is not None}
     device = spec.get("device", "cuda")
     try:
         from racecheck.scenarios.sglang.engine_run import import_sglang
@@ -182,7 +182,7 @@ def one_run(spec: dict) -> dict:
 
 
 _COMPONENTS = [   # (component, substrings of a function's file path), first match wins
-    ("racecheck checker", ("racecheck/core/checker.py", "racecheck/core/fastchecker.py", "racecheck/core/clocks.py",
+    ("racecheck checker", ("racecheck/core/checker/", "racecheck/core/fastchecker.py", "racecheck/core/clocks.py",
                            "racecheck/core/rules.py", "racecheck/core/shadow.py", "racecheck/core/recorder.py",
                            "racecheck/core/findings.py", "racecheck/core/sourcenames.py",
                            "racecheck/core/suppressions.py")),

@@ -94,7 +94,8 @@ class Interceptor(TorchDispatchMode):
         self._plan_skip = 2
         # plans whose common case has a C version (instrumentation/_speedups.c SpecialPlan)
         self._native_special = (self._copy, self._view, self._scalar_read)
-        fast = native.speedups
+        # the C path as the switch stood when the session was made (racecheck.core.native)
+        self._speedups = fast = native.speedups
         if fast is not None and type(self).__torch_dispatch__ is Interceptor.__torch_dispatch__:
             entry = fast.Dispatch(sink=self.sink, plans=self._plans, slow=self._dispatch_slow,
                                   plain=backend.execute_plain,
@@ -131,8 +132,8 @@ class Interceptor(TorchDispatchMode):
     def _plan(self, func):
         oc = classify(func)
         plan = self._special_plan(oc)
-        if plan is not None and native.speedups is not None and plan in self._native_special:
-            plan = _native_special_plan(native.speedups, self, oc, func, plan)
+        if plan is not None and self._speedups is not None and plan in self._native_special:
+            plan = _native_special_plan(self._speedups, self, oc, func, plan)
         if plan is None:        # a kernel; its plan checks pin_memory itself (no wrapper frame)
             fast = oc.plain_args is not None and not oc.data_dependent
             plan = _fast_kernel(self, oc, func) if fast else _generic_kernel(self, oc)
@@ -495,7 +496,7 @@ def _fast_kernel(icp: Interceptor, oc, func):
     """
     backend = icp.backend
     s = icp.sink
-    fast = native.speedups
+    fast = icp._speedups
     if fast is not None and len(oc.plain_args) <= 16:
         return _native_plan(fast, icp, oc, func)
     env = {

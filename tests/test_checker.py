@@ -88,7 +88,7 @@ class TB:
         """The reference Checker on this trace. Where the C engine is built, FastChecker must give
         the same findings, field by field (tests/test_checker_engine.py compares their states)."""
         ref = Checker(**kw).process_all(self.events)
-        if native.engine is not None:
+        if native.checker_engine() is not None:
             fast = FastChecker(**kw).process_all(self.events)
             assert [f.to_json() for f in fast.findings] == [f.to_json() for f in ref.findings]
         return ref

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import racecheck
 from racecheck.core import native
 from racecheck.core.checker import Checker
+from racecheck.core.checker import state as schema
 from racecheck.core.trace import (Alloc, CapturedOp, Copy, EventRecord, Footprint, Free, GraphCapture,
                              GraphReplay, HostAccess, HostSync, Kernel, NameTensor, NameTimeline,
                              RecordStream, StaleTolerant, StreamWaitEvent, StreamWaitStream)
@@ -57,9 +58,61 @@ def _ctx(e):
     return ("rec",) + _rec(e) if type(e) is tuple else (type(e).__name__,) + tuple(e)
 
 
+def _tid(t):
+    return None if t is None else t.tid
+
+
+def _slots(obj, forms, skip=()):
+    """Every slot of a state object, through its comparable form where it has one."""
+    return {s: forms.get(s, lambda v: v)(getattr(obj, s)) for s in type(obj).__slots__ if s not in skip}
+
+
+_TIMELINE = {"vc": dict, "jh": _tid, "ctx": lambda d: ([_ctx(e) for e in d], d.maxlen),
+             "noop": lambda d: None if d is None else [(k, tuple(v)) for k, v in d.items()]}
+_INPUT = {}
+# `plan` is a cache the first replay makes from `ops` (the engine's export leaves it to the
+# Python checker's next replay)
+_GRAPH = {"ops": lambda ops: [id(o) for o in ops], "inputs": lambda d: {k: _slots(v, _INPUT) for k, v in d.items()},
+          "last_replay": lambda r: None if r is None else (r.seq, r.tl, id(r.ev))}
+
+
+def _states(states):
+    return [None if s is None else (_rec(s[0]), [(k, _rec(v)) for k, v in s[1].items()]) for s in states]
+
+
+def _shadows(d, c):
+    return {st_: _slots(sh, {"bounds": list, "states": _states,
+                             "readers": lambda r, st_=st_: r is c._readers.get(st_)})
+            for st_, sh in d.items()}
+
+
+def _readers(d, c):
+    return {k: [(g, _slots(inp, _INPUT), inp is c._graphs[g].inputs.get(inp.storage) if g in c._graphs else None)
+                for g, inp in v] for k, v in d.items()}
+
+
+# Comparable forms of the fields whose values hold objects compared by identity (timelines,
+# records of events); every other field of the schema is compared as it is.
+FORMS = {
+    "_tl": lambda d, c: [(tid, _slots(t, _TIMELINE)) for tid, t in d.items()],
+    "_streams": lambda v, c: [t.tid for t in v],
+    "_main": lambda v, c: _tid(v),
+    "_shadow": _shadows,
+    "_graphs": lambda d, c: {g: _slots(x, _GRAPH, skip=("plan",)) for g, x in d.items()},
+    "_readers": _readers,
+    "_frees_open": lambda v, c: [(a.tid, hz) for a, hz in v],
+    "finding_set": lambda v, c: [f.to_json() for f in v],
+}
+
+
 def state(c: Checker) -> dict:
-    """Everything the Checker's handlers leave behind, in comparable form. Records are compared
-    by content and event identity, and which segments share one record object is part of it."""
+    """Every field of the checker's state schema (racecheck.core.checker.state), in comparable
+    form; caller's settings and what the class derives are not state. Records are compared by
+    content and event identity, and which segments share one record object is part of it."""
+    undeclared = schema.undeclared(c)
+    assert not undeclared, f"attributes missing from racecheck.core.checker.state.FIELDS: {undeclared}"
+    out = {f.name: FORMS.get(f.name, lambda v, c: v)(getattr(c, f.name), c)
+           for f in schema.FIELDS if f.role in (schema.STATE, schema.PENDING)}
     shared = {}
     for sh in c._shadow.values():
         for s in sh.states:
@@ -67,35 +120,9 @@ def state(c: Checker) -> dict:
                 for r in [s[0], *s[1].values()]:
                     if r is not None:
                         shared.setdefault(id(r), []).append(_rec(r))
-    tls = {tid: dict(name=t.name, is_host=t.is_host, device=t.device, vc=dict(t.vc), ver=t.ver,
-                     jh=None if t.jh is None else t.jh.tid, jv=t.jv, ctx=[_ctx(e) for e in t.ctx],
-                     maxlen=t.ctx.maxlen,
-                     noop=None if t.noop is None else [(k, tuple(v)) for k, v in t.noop.items()],
-                     frees=t.frees)
-           for tid, t in c._tl.items()}
-    shadows = {st_: dict(bounds=list(sh.bounds), readers_is_shared=sh.readers is c._readers.get(st_),
-                         states=[None if s is None else (_rec(s[0]), [(k, _rec(v)) for k, v in s[1].items()])
-                                 for s in sh.states], seen=sh.seen)
-               for st_, sh in c._shadow.items()}
-    graphs = {g: dict(gid=x.gid, ops=[id(o) for o in x.ops], captured=x.captured,
-                      nreplays=x.nreplays, first=x.first_replay,
-                      last=None if x.last_replay is None else (x.last_replay.seq, x.last_replay.tl,
-                                                               id(x.last_replay.ev)),
-                      inputs=[(k, v.storage, v.read, v.ever, v.fresh, v.ops) for k, v in x.inputs.items()])
-              for g, x in c._graphs.items()}
-    readers = {k: [(g, inp.storage, inp.read, inp.ever, inp.fresh, inp is c._graphs[g].inputs.get(inp.storage)
-                    if g in c._graphs else None) for g, inp in v] for k, v in c._readers.items()}
-    return dict(seq=c._seq, timelines=tls, order=list(c._tl), streams=[t.tid for t in c._streams],
-                main=None if c._main is None else c._main.tid, shadows=shadows,
-                shared=sorted(sorted(v) for v in shared.values() if len(v) > 1), graphs=graphs,
-                readers=readers, names={k: [tuple(n) for n in v] for k, v in c._names.items()},
-                name_order=c._name_order,
-                records={k: (r.tl, dict(r.vc), r.seq, r.stack) for k, r in c._records.items()},
-                allocs=dict(c._allocs), unsited=list(c._unsited), sites=dict(c._sites),
-                recstreams={k: set(v) for k, v in c._recstreams.items()},
-                tolerant=dict(c._tolerant), pend=c._pend,
-                frees_open=[(a.tid, hz) for a, hz in c._frees_open],
-                stale_open=c._stale_open, findings=[f.to_json() for f in c.findings])
+    out["shared"] = sorted(sorted(v) for v in shared.values() if len(v) > 1)
+    out["findings"] = [f.to_json() for f in c.findings]
+    return out
 
 
 def assert_same(events, compare_state=True) -> bool:
@@ -370,3 +397,80 @@ def test_new_checker_follows_the_c_switch():
         assert isinstance(new_checker(), FastChecker)
         native.use(False)
         assert type(new_checker()) is Checker
+
+
+def test_replacing_a_method_of_one_concern_runs_the_python_checker(monkeypatch):
+    """The engine ports the methods the checker's concerns define: one replaced on its own class
+    (not on Checker) is no longer what the engine runs."""
+    from racecheck.core.checker.access import Accesses
+    from racecheck.core.fastchecker import FastChecker, new_checker
+    with native.using(True):
+        assert isinstance(new_checker(), FastChecker)
+        monkeypatch.setattr(Accesses, "_read", lambda self, *a: None)
+        assert type(new_checker()) is Checker
+        monkeypatch.undo()
+        assert isinstance(new_checker(), FastChecker)
+
+
+# -- the state schema: what the export rebuilds, and what the comparison above reads ------------------
+
+def _exported(events) -> Checker:
+    """The engine's state after `events` (up to where it stops), exported into a checker that has
+    none of the exported fields beforehand."""
+    from racecheck.core.fastchecker import _kit
+    eng = native.engine_built.Engine(64, _kit())
+    eng.process_all(iter(events), None)
+    c = Checker.awaiting_export(64)
+    eng.export(c)
+    return c
+
+
+@pytest.mark.parametrize("case", sorted(EXPECTED))
+def test_the_export_sets_every_exported_field(case):
+    c = _exported(_case_trace(case))
+    assert schema.not_exported(c) == [] and schema.undeclared(c) == []
+
+
+def test_the_export_after_eagle_v2_sets_every_exported_field():
+    c = _exported(_scenario_trace("eagle-v2", None))
+    assert schema.not_exported(c) == [] and c._graphs and c._readers
+
+
+def test_an_exported_field_the_engine_does_not_set_fails_the_handover(monkeypatch):
+    extra = schema.Field("_reuse_counts", "memory", "dict[block, int]", "reuses per block",
+                         schema.STATE, dict, "_reuse_counts")
+    monkeypatch.setattr(schema, "FIELDS", schema.FIELDS + (extra,))
+    monkeypatch.setattr(schema, "EXPORTED", schema.EXPORTED + (extra,))
+    x = Footprint(1, ((0, 8),))
+    f = fast().process_all([Kernel(0, 1, (), (x,), "w", ST)])
+    with pytest.raises(RuntimeError, match="did not export _reuse_counts"):
+        f.process_all([Kernel(0, 2, (x,), (), "r", ST)])
+
+
+def test_the_engine_sets_the_exported_fields_and_asks_for_the_classes_by_their_c_names():
+    import pathlib
+    core = pathlib.Path(__file__).resolve().parent.parent / "racecheck" / "core"
+    src = "".join(p.read_text() for p in sorted(core.rglob("*.[ch]")))
+    for f in schema.EXPORTED:
+        assert f'"{f.c_name}"' in src, f.name
+    for name in schema.CLASSES:
+        assert f'"{name}"' in src, name
+
+
+def test_the_comparison_fails_on_an_undeclared_attribute():
+    class Counting(Checker):
+        def _on_kernel(self, ev, seq):
+            self._kernels = getattr(self, "_kernels", 0) + 1
+            super()._on_kernel(ev, seq)
+
+    c = Counting().process_all([Kernel(0, 1, (), (Footprint(1, ((0, 8),)),), "w", ST)])
+    with pytest.raises(AssertionError, match="_kernels"):
+        state(c)
+
+
+def test_the_comparison_reads_every_state_field():
+    """A field added to the schema is compared without a change here (FORMS only says how)."""
+    c = reference().process_all(_hazard_trace())
+    compared = set(state(c)) - {"shared", "findings"}
+    assert compared == {f.name for f in schema.FIELDS if f.role in (schema.STATE, schema.PENDING)}
+    assert set(FORMS) <= compared

@@ -179,8 +179,44 @@ def test_a_checker_error_in_c_still_names_the_event(monkeypatch):
 
 def test_pure_python_switch_from_the_environment():
     import subprocess
-    code = "from racecheck.core import native; print(native.speedups is None)"
+    code = ("from racecheck.core import native; from racecheck.core.fastchecker import new_checker; "
+            "print(native.speedups is None, native.checker_engine() is None, type(new_checker()).__name__)")
     env = dict(os.environ, RACECHECK_PURE_PYTHON="1")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True).stdout.strip()
-    assert out == "True"
+    assert out == "True True Checker"
+
+
+# -- the switch: one decision, read when a session or a checker is made --------------------------
+
+def test_the_switch_answers_both_questions():
+    from racecheck.core.checker import Checker
+    from racecheck.core.fastchecker import FastChecker, new_checker
+    with native.using(False):
+        assert native.speedups is None and native.checker_engine() is None
+        assert type(new_checker()) is Checker
+        with racecheck.session(device="sim") as rc:
+            pass
+        assert type(rc.checker) is Checker and rc.recorder._fast_emit is None
+    with native.using(True):
+        assert native.speedups is native.built
+        assert native.checker_engine() is native.engine_built
+        if native.engine_built is not None:
+            assert isinstance(new_checker(), FastChecker)
+
+
+@needs_c
+def test_a_session_keeps_the_c_path_it_was_made_with():
+    """Switching inside a session changes nothing of it: ops first planned after the switch still
+    get the C plans the session was made with."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+    with native.using(True), racecheck.session(device="sim") as rc:
+        mode = _get_current_dispatch_mode()
+        with native.using(False):
+            a = torch.ones(4)
+            a.addcmul_(a, a)            # an op this session had not planned yet
+        plans = list(mode._plans.values())
+    assert mode._speedups is native.built
+    assert any(isinstance(p, native.built.FastPlan) for p in plans)
+    assert rc.recorder._fast_emit is not None
+    assert a.tolist() == [2.0] * 4 and rc.findings == []

@@ -16,17 +16,21 @@ finding text, on a checker given the engine's timelines at the free (`_open_haza
 engine hands over only when its allocation stream issues work before catching up, or when
 findings are read while one is open.
 
+The state the engine exports is declared in racecheck.core.checker.state (FIELDS: each
+attribute of a Checker, and whether the export rebuilds it): the handover makes a Checker
+without those fields, lets the engine set them, and fails if one is missing.
+
 `new_checker()` is the factory the recorder and `racecheck check` use: a FastChecker where the
-engine was built and the C path is on (racecheck.core.native), else the Python Checker.
+engine was built and the C path is on (`racecheck.core.native.checker_engine()`), else the
+Python Checker.
 """
 from __future__ import annotations
 
 import itertools
 
 from racecheck.core import native, trace
-from racecheck.core.checker import (Checker, _Ctx, _CtxFree, _Graph, _GraphInput, _Name, _NoopWait, _Recorded,
-                      _Replay, _Timeline)
-from racecheck.core.shadow import StorageShadow, iv_add
+from racecheck.core.checker import Checker, state
+from racecheck.core.shadow import iv_add
 
 __all__ = ["FastChecker", "new_checker"]
 
@@ -35,11 +39,9 @@ def _kit() -> dict:
     """The classes the engine reads events through and builds the Python state from."""
     kit = {name: cls for name, cls in vars(trace).items()
            if isinstance(cls, type) and issubclass(cls, trace.Event) and cls is not trace.Event}
-    kit.update(Footprint=trace.Footprint, CapturedOp=trace.CapturedOp, _Timeline=_Timeline,
-               Checker=Checker, open_hazards=_open_hazards,
-               StorageShadow=StorageShadow, _Ctx=_Ctx, _CtxFree=_CtxFree, _Recorded=_Recorded,
-               _NoopWait=_NoopWait, _Graph=_Graph, _GraphInput=_GraphInput, _Replay=_Replay,
-               _Name=_Name, iv_add=iv_add)
+    kit.update(state.CLASSES)
+    kit.update(Footprint=trace.Footprint, CapturedOp=trace.CapturedOp, Checker=Checker,
+               open_hazards=_open_hazards, iv_add=iv_add)
     return kit
 
 
@@ -59,7 +61,7 @@ class FastChecker:
 
     def __init__(self, context_window: int = 64, engine=None):
         self.context_window = int(context_window)
-        module = engine or native.engine
+        module = engine or native.checker_engine()
         self._engine = module.Engine(self.context_window, _kit())
         self._py: Checker | None = None
         self._namer = None
@@ -87,9 +89,12 @@ class FastChecker:
 
     def _handover(self) -> Checker:
         self.handed_over_at = self._engine.events_processed
-        py = Checker(self.context_window)
+        py = Checker.awaiting_export(self.context_window)
         py.namer = self._namer
         self._engine.export(py)
+        missing = state.not_exported(py)
+        if missing:
+            raise RuntimeError(f"the checker's engine did not export {', '.join(missing)}")
         self._py = py
         self._engine = None
         return py
@@ -130,18 +135,27 @@ class FastChecker:
         return self._py.stats() if self._py is not None else self._engine.stats()
 
 
+def _methods() -> dict:
+    """Checker's methods as its classes resolve them now (its concerns are mixed in)."""
+    found = {}
+    for cls in reversed(Checker.__mro__):
+        found.update((name, fn) for name, fn in vars(cls).items() if callable(fn))
+    return found
+
+
 # Checker's methods as this module found them: the engine ports these
-_REFERENCE = {name: fn for name, fn in vars(Checker).items() if callable(fn)}
+_REFERENCE = _methods()
 
 
 def _python_changed() -> bool:
-    """A test or a plugin replaced one of Checker's methods: the engine no longer ports it."""
-    return any(vars(Checker).get(name) is not fn for name, fn in _REFERENCE.items())
+    """A test or a plugin replaced one of Checker's methods (on Checker or on the class of one
+    of its concerns): the engine no longer ports it."""
+    return _methods() != _REFERENCE
 
 
 def new_checker(context_window: int = 64):
     """The fastest checker built here: FastChecker, or the Python Checker without the engine
     (or with a method of it replaced, which the Python checker then runs)."""
-    if native.engine is not None and not _python_changed():
+    if native.checker_engine() is not None and not _python_changed():
         return FastChecker(context_window)
     return Checker(context_window)

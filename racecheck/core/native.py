@@ -5,6 +5,11 @@ The Python they port stays the reference and the fallback: a platform without a 
 working (slower) racecheck, and RACECHECK_PURE_PYTHON=1 (or `use(False)`, taking effect for
 sessions and checkers made after it) switches both off, so that the two can be compared on the
 same program (tests/test_native.py, tests/test_checker_engine.py, bench/bench_interception.py).
+
+The decision is made here only: the instrumentation asks `speedups` when it builds a session's
+objects (each installs a C piece only where its class's own method is the one the C ports), and
+`racecheck.core.fastchecker.new_checker` asks `checker_engine()`. `built` and `engine_built` say
+what the install compiled, whatever the switch.
 """
 from __future__ import annotations
 
@@ -24,17 +29,22 @@ def _load(module: str):
 # that the instrumentation's hot path and the checker's engine read one decision.
 built = _load("racecheck.instrumentation._speedups")
 engine_built = _load("racecheck.core._engine")
-_pure = os.environ.get("RACECHECK_PURE_PYTHON", "") not in ("", "0")
-speedups = None if _pure else built
-engine = None if _pure else engine_built
+_on = os.environ.get("RACECHECK_PURE_PYTHON", "") in ("", "0")
+# what the instrumentation installs for a session made now: the per-op C module, or None
+speedups = built if _on else None
 _listeners: list = []
+
+
+def checker_engine():
+    """What a checker made now runs on: the C engine's module, or None (the Python Checker)."""
+    return engine_built if _on else None
 
 
 def use(on: bool) -> bool:
     """Switch the C code on (where built) or off; returns whether the hot path is on now."""
-    global speedups, engine
-    speedups = built if on else None
-    engine = engine_built if on else None
+    global _on, speedups
+    _on = bool(on)
+    speedups = built if _on else None
     for listener in _listeners:
         listener(speedups)
     return speedups is not None
@@ -43,7 +53,7 @@ def use(on: bool) -> bool:
 @contextlib.contextmanager
 def using(on: bool):
     """`use(on)` for the duration of a `with` block (sessions and checkers made inside it)."""
-    was = speedups is not None
+    was = _on
     use(on)
     try:
         yield speedups is not None
