@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from racecheck.core import rules
 from racecheck.core.rules import RULES  # noqa: F401  (re-exported: ids in table order)
@@ -59,6 +59,9 @@ class Finding:
     missing_edge: tuple = ()     # (from_timeline, to_timeline): the edge that would order the pair
     where: str = ""              # the bytes, in the tensor's units ("rows 0..11 of `x` (bytes 0..95 ...)")
     group: str = field(default="", compare=False)   # root-cause group id (`assign_groups`)
+    place: Place | None = None   # the same bytes as data: storage, unit, spans (None: an old file)
+    facts: tuple = ()            # the rule's own facts (Race's fields past `approx`, those set),
+                                 # as (name, value) pairs: a tool reads these, not the prose
 
     @property
     def streams(self) -> tuple:
@@ -100,6 +103,7 @@ class Finding:
 
     def to_json(self) -> dict:
         d = asdict(self)
+        d["facts"] = {name: value for name, value in self.facts}
         d["streams"] = list(self.streams)
         d["fingerprint"] = self.fingerprint()
         d["group"] = self.group_id()
@@ -112,11 +116,14 @@ class Finding:
                           function=a.get("function", ""), stack=tuple(a.get("stack", ())),
                           seq=a.get("seq", -1))
         ctx = tuple(ContextEvent(**c) for c in d.get("context", ()))
+        place = d.get("place")
         return cls(rule=d["rule"], tensor=d["tensor"], current=access(d["current"]),
                    previous=access(d["previous"]), suggestion=d["suggestion"],
                    detail=d.get("detail", ""), approx=d.get("approx", ""), context=ctx,
                    missing_edge=tuple(d.get("missing_edge", ())), where=d.get("where", ""),
-                   group=d.get("group", ""))
+                   group=d.get("group", ""), place=Place(**place) if place else None,
+                   facts=tuple((k, tuple(v) if isinstance(v, list) else v)
+                               for k, v in d.get("facts", {}).items()))
 
 
 @dataclass
@@ -422,6 +429,13 @@ _TEXTS = {"RC001": _race_texts, "RC002": _race_texts, "RC003": _race_texts,
           "RC004": _host_device_texts, "RC005": _reuse_texts, "RC006": _stale_input_texts,
           "RC007": _overwritten_output_texts, "RC008": _noop_wait_texts}
 _NOTE_APPROX = {"RC001", "RC002", "RC003", "RC004"}
+# Race's fields a Finding keeps as its `facts` (the others are Finding fields of their own)
+_FACTS = tuple(f for f in fields(Race) if f.name not in
+               ("rule", "place", "current", "previous", "context", "approx"))
+
+
+def _facts(r: Race) -> tuple:
+    return tuple((f.name, getattr(r, f.name)) for f in _FACTS if getattr(r, f.name) != f.default)
 
 
 def describe(r: Race) -> Finding:
@@ -431,7 +445,8 @@ def describe(r: Race) -> Finding:
         detail += f"; footprint approximate ({r.approx}): the access may touch fewer bytes"
     return Finding(rule=r.rule, tensor=r.place.tensor, current=r.current, previous=r.previous,
                    suggestion=fix, detail=detail, approx=r.approx, context=r.context,
-                   missing_edge=(r.previous.stream, r.current.stream), where=r.place.where())
+                   missing_edge=(r.previous.stream, r.current.stream), where=r.place.where(),
+                   place=r.place, facts=_facts(r))
 
 
 __all__ = ["Access", "ContextEvent", "Finding", "FindingGroup", "FindingSet", "Place", "Race",
