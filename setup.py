@@ -6,6 +6,7 @@ C hot path: where it cannot be compiled, racecheck runs on its Python reference 
 """
 import os
 import runpy
+import shlex
 
 from setuptools import Extension, find_packages, setup
 
@@ -17,9 +18,14 @@ for package, folder in FOLDERS.items():
     packages.append(package)
     packages += [f"{package}.{sub}" for sub in find_packages(folder, exclude=["tests", "tests.*"])]
 
+# RACECHECK_CFLAGS: flags after the defaults (scripts/sanitize.sh builds with sanitizers at -O1)
+CFLAGS = ["-O3", "-fvisibility=hidden"] + shlex.split(os.environ.get("RACECHECK_CFLAGS", ""))
+
 speedups = Extension("racecheck.instrumentation._speedups", ["instrumentation/_speedups.c"], optional=True,
-                     extra_compile_args=["-O3"])
-engine = Extension("racecheck.core._engine", ["racecheck/core/_engine.c"], optional=True,
-                   extra_compile_args=["-O3"])
+                     extra_compile_args=CFLAGS)
+# The checker's engine: one module from one C file per concern (racecheck/core/_engine.h lists them)
+ENGINE_PARTS = ["", "_state", "_timelines", "_access", "_sync", "_memory", "_graphs", "_naming", "_export"]
+engine = Extension("racecheck.core._engine", [f"racecheck/core/_engine{p}.c" for p in ENGINE_PARTS],
+                   depends=["racecheck/core/_engine.h"], optional=True, extra_compile_args=CFLAGS)
 
 setup(packages=packages, package_dir=FOLDERS, ext_modules=[speedups, engine])
