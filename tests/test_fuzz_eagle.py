@@ -121,5 +121,6 @@ def test_fuzz_finds_a_variant_and_shrinks_it(tmp_path):
     ff = rep.failures["RC001 seq_lens"]
     cfg = ff.example["config"]
     assert (cfg["iterations"], cfg["schedule"]) == (2, "0:+1")      # one request, one decode step
-    # found and shrunk within the budget; how fast is bench/bench_fuzz.py's to measure, not a test's
-    assert ff.shrunk and ff.seconds_to_repro <= 30
+    # found and shrunk; how fast is bench/bench_fuzz.py's to measure, not a test's (a loaded
+    # machine took 41 s of wall clock for what takes 10 here)
+    assert ff.shrunk
