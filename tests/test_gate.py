@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,6 +12,8 @@ from racecheck.core.errors import UsageError
 from racecheck.core.findings import assign_groups
 from racecheck.reports import load_findings
 from racecheck.core.suppressions import (baseline_document, filter_findings, load_baseline, parse_suppressions)
+
+from helpers import racecheck_cli
 
 DATA = Path(__file__).parent / "data"
 FINDINGS = DATA / "findings_eagle.json"
@@ -168,8 +168,7 @@ def test_bad_suppressions_or_baseline_exit_2(tmp_path, capsys):
 
 def test_racecheck_report_subprocess(tmp_path):
     """The installed entry point, end to end."""
-    r = subprocess.run([sys.executable, "-m", "racecheck", "report", str(FINDINGS), "-f", "junit",
-                        "-o", str(tmp_path / "j.xml")], capture_output=True, text=True, timeout=120)
+    r = racecheck_cli("report", FINDINGS, "-f", "junit", "-o", tmp_path / "j.xml")
     assert r.returncode == 1, r.stderr
     assert (tmp_path / "j.xml").read_text().count("<testcase") == 1
 

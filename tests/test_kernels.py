@@ -10,6 +10,8 @@ tl = pytest.importorskip("triton.language")
 
 from racecheck.instrumentation.triton_kernels import analyze  # noqa: E402
 
+from helpers import pairs  # noqa: E402
+
 
 # -- kernels ----------------------------------------------------------------------------------
 
@@ -152,7 +154,7 @@ def test_autotuned_kernel_runs_once_with_the_first_config():
         x.sum()
     launches = [e for e in rc.trace.events if getattr(e, "op", None) == "add_one"]
     assert len(launches) == 1, "autotuning on sim must not benchmark"
-    assert [(f.rule, f.tensor) for f in rc.findings] == [("RC001", "x")]
+    assert pairs(rc.findings) == [("RC001", "x")]
     assert add_one.best_config.kwargs == {"BLOCK": 4}
 
 
@@ -228,7 +230,7 @@ def test_declared_by_import_path_with_a_reference_on_sim(tmp_path, monkeypatch):
                 fake_ext.fused(a, out)
             got = out.tolist()
         assert got == [2.0] * 4
-        assert [(f.rule, f.tensor) for f in rc.findings] == [("RC001", "out")]
+        assert pairs(rc.findings) == [("RC001", "out")]
     finally:
         from racecheck.instrumentation import kernels
         kernels._by_path.pop(decl.target, None)
@@ -269,7 +271,7 @@ def test_declared_extension_op_race_is_found():
         with torch.cuda.stream(s):
             torch.ops.rctest.scale_declared(x, out)
         out.sum()
-    assert [(f.rule, f.tensor) for f in rc.findings] == [("RC001", "out")]
+    assert pairs(rc.findings) == [("RC001", "out")]
     assert rc.coverage["unchecked"] == []
     del lib
 
@@ -331,9 +333,9 @@ def _rows_case(read_rows):
 
 
 def test_sim_footprints_are_the_bytes_the_kernel_touched():
-    assert [(f.rule, f.tensor) for f in _rows_case(slice(4, 8)).findings] == []
+    assert pairs(_rows_case(slice(4, 8)).findings) == []
     rc = _rows_case(slice(2, 6))
-    assert [(f.rule, f.tensor) for f in rc.findings] == [("RC001", "buf")]
+    assert pairs(rc.findings) == [("RC001", "buf")]
     assert "rows 2..3" in rc.findings[0].detail
 
 

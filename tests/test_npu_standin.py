@@ -29,6 +29,7 @@ if HERE not in sys.path:
 import racecheck  # noqa: E402
 
 from cases import EXPECTED  # noqa: E402
+from helpers import messages, pairs  # noqa: E402
 
 # trace: torch_npu's trace registry; wrappers: none (the backend's wrappers); lagged: trace, and
 # an event's query() stays False a few polls after its record (deferred index footprints resolve late)
@@ -75,11 +76,11 @@ def run_case(ctx, cid):
     program, expected = EXPECTED[cid]
     with ctx.session() as rc:
         keep = program(ctx.dm(rc), ctx.device)  # noqa: F841 - tensors outlive the snippet
-    got = {(f.rule, f.tensor) for f in rc.findings}
+    got = set(pairs(rc.findings))
     detail = ""
     if got != expected:
         detail = (f"got {sorted(got)}, expected {sorted(expected)}\n"
-                  + "\n".join(f.message() for f in rc.findings))
+                  + messages(rc.findings))
     if rc.internal_errors:
         detail += "\ninternal errors:\n" + "\n".join(rc.internal_errors)
     return (got == expected and not rc.internal_errors), detail
@@ -109,13 +110,9 @@ def check(devices=("npu", "cuda")):
     return deco
 
 
-def _rules(rc):
-    return sorted((f.rule, f.tensor) for f in rc.findings)
-
-
 def _clean(rc):
     assert not rc.internal_errors, "\n".join(rc.internal_errors)
-    assert not rc.findings, "\n".join(f.message() for f in rc.findings)
+    assert not rc.findings, messages(rc.findings)
 
 
 def _names_of_kernel_streams(rc, op):
@@ -166,7 +163,7 @@ def check_second_device_streams(ctx):
             x1.add_(1)
         y = x1 * 2  # noqa: F841         # device 1's default stream, unordered with s1
     assert _names_of_kernel_streams(rc, "mul_") == [f"{ctx.device}:1 default"]
-    assert _rules(rc) == [("RC001", "x1")], _rules(rc)
+    assert sorted(pairs(rc.findings)) == [("RC001", "x1")], messages(rc.findings)
     f = rc.findings[0]
     assert f"{ctx.device}:1 default" in f.streams, f.streams
     assert not rc.internal_errors, rc.internal_errors
@@ -307,7 +304,7 @@ def check_nonblocking_d2h_read_early(ctx):
         x = torch.ones(8, device=ctx.device)
         c = racecheck.name(x.to("cpu", non_blocking=True), "c")
         c.add_(1)                          # no sync: the copy may still be in flight
-    assert ("RC004", "c") in _rules(rc), _rules(rc)
+    assert ("RC004", "c") in pairs(rc.findings), messages(rc.findings)
     assert not rc.internal_errors, rc.internal_errors
 
 
@@ -421,7 +418,7 @@ def check_index_values_on_device_are_exact(ctx):
             r = buf.index_select(0, other)  # noqa: F841  disjoint rows, same stream
         y = buf[other]  # noqa: F841                      disjoint rows: no race
         z = buf[torch.tensor([9], device=ctx.device)]  # noqa: F841   row 9: a race
-    assert _rules(rc) == [("RC001", "buf")], _rules(rc)
+    assert sorted(pairs(rc.findings)) == [("RC001", "buf")], messages(rc.findings)
     assert not rc.findings[0].approx, rc.findings[0].approx
     assert not rc.internal_errors, rc.internal_errors
 
@@ -448,7 +445,7 @@ def check_threads_each_with_stream(ctx):
     assert not rc.internal_errors, rc.internal_errors
     # the worker synchronized its stream, but the main thread never joined that knowledge
     # except through join(): racecheck's thread-start edge only, so x's write is unordered.
-    assert [r for r, _ in _rules(rc)] in ([], ["RC001"]), _rules(rc)
+    assert [f.rule for f in rc.findings] in ([], ["RC001"]), messages(rc.findings)
 
 
 @check()
@@ -689,7 +686,7 @@ def check_temporaries_named_from_their_statement(ctx):
             for n in (8, 16, 24):
                 _use_on_default(_fill_on_side(dm, s, ctx.dev(), n))
             dm.synchronize()
-        seen.append(sorted((f.rule, f.tensor) for f in rc.findings))
+        seen.append(sorted(pairs(rc.findings)))
     assert seen[0] == seen[1], seen
     assert {t for _r, t in seen[0]} == {"_fill_on_side: positions"}, seen
     assert [r for r, _t in seen[0]].count("RC001") == 1, seen

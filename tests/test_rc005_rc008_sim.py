@@ -5,6 +5,8 @@ import torch
 
 import racecheck
 
+from helpers import pairs, recheck
+
 
 def _program(dm, stale_handle):
     s = dm.Stream()
@@ -25,7 +27,7 @@ def _program(dm, stale_handle):
 def test_wait_on_a_fresh_event_is_rc008_next_to_the_race():
     with racecheck.session(device="sim") as rc:
         _program(rc.device_module, stale_handle=False)
-    assert [(f.rule, f.tensor) for f in rc.findings] == [("RC001", "x"), ("RC008", "x")]
+    assert pairs(rc.findings) == [("RC001", "x"), ("RC008", "x")]
     f = rc.findings[1]
     assert f.current.location.startswith("test_rc005_rc008_sim.py:")
     assert "never recorded" in f.detail
@@ -34,7 +36,7 @@ def test_wait_on_a_fresh_event_is_rc008_next_to_the_race():
 def test_wait_on_a_stale_handle_names_the_recorded_event():
     with racecheck.session(device="sim") as rc:
         _program(rc.device_module, stale_handle=True)
-    assert [(f.rule, f.tensor) for f in rc.findings] == [("RC001", "x"), ("RC008", "x")]
+    assert pairs(rc.findings) == [("RC001", "x"), ("RC008", "x")]
     assert "was recorded on" in rc.findings[1].detail and "instead" in rc.findings[1].detail
 
 
@@ -69,11 +71,7 @@ def test_rc005_names_the_line_that_dropped_the_last_reference():
 
 
 def test_free_site_survives_a_saved_trace(tmp_path):
-    from racecheck.core.checker import Checker
-    from racecheck.core.trace import Trace
     with racecheck.session(device="sim", record_trace=True) as rc:
         u = _freed_while_used(rc.device_module, "del")      # noqa: F841
-    path = tmp_path / "t.jsonl"
-    rc.save_trace(path)
-    offline = Checker().process_all(Trace.iter_file(path)).findings
+    offline = recheck(rc, tmp_path / "t.jsonl")
     assert [f.to_json() for f in offline] == [f.to_json() for f in rc.findings]

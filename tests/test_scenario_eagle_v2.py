@@ -11,6 +11,8 @@ import pytest
 
 from racecheck import scenarios
 
+from helpers import messages, pairs
+
 ENGINE_STREAMS = {"schedule_stream", "forward_stream", "plan_stream", "fwd_prepare_d2h_stream", "default",
                   "reference"}
 
@@ -28,12 +30,8 @@ def _run(sc, variant=None, seed=0, **overrides):
     return res
 
 
-def _signature(res) -> set:
-    return {(f.rule, f.tensor) for f in res.findings}
-
-
 def _describe(res) -> str:
-    return "\n".join(f.message() for f in res.findings) + f"\ndiff: {res.diff_detail}"
+    return messages(res.findings) + f"\ndiff: {res.diff_detail}"
 
 
 # -- every fix on -----------------------------------------------------------------------------------
@@ -97,7 +95,7 @@ def test_outputs_are_real(sc):
 def test_variant_is_flagged_with_its_rule_and_tensor(sc, variant):
     v = sc.variants[variant]
     res = _run(sc, variant)
-    got = _signature(res)
+    got = set(pairs(res.findings))
     assert set(map(tuple, v.expected)) <= got, _describe(res)
     extra = got - set(map(tuple, v.expected)) - set(map(tuple, v.also))
     assert not extra, _describe(res)
@@ -123,7 +121,7 @@ def test_padding_finding_points_at_the_stale_row(sc):
 def test_mm_input_copy_is_a_diff_finding(sc):
     res = _run(sc, "no-mm_input_copy")
     # verification is lossless: the draft's lost embeddings change accept lengths, never tokens
-    assert _signature(res) == {("DIFF", "mm_input_embeds"), ("DIFF", "accept_lens")}
+    assert set(pairs(res.findings)) == {("DIFF", "mm_input_embeds"), ("DIFF", "accept_lens")}
     [f] = [f for f in res.findings if f.tensor == "mm_input_embeds"]
     assert f.current.function == "_draft_extend_for_prefill"
     assert "#23613" in f.suggestion
@@ -160,7 +158,7 @@ def test_variant_not_flagged_where_the_engine_cannot_have_it(sc, variant, overri
 def test_hip_without_barrier_races_on_reused_rows(sc):
     """The engine's HIP default (no WAR barrier) with a finished request's row handed on."""
     res = _run(sc, flavour="hip", schedule="0:+2x24;0:+1x2;3:+1x12")
-    assert _signature(res) == {("RC002", "req_to_token")}
+    assert set(pairs(res.findings)) == {("RC002", "req_to_token")}
 
 
 # -- findings speak the engine's language -----------------------------------------------------------

@@ -1,8 +1,6 @@
 """Scenarios from outside racecheck: the `racecheck.scenarios` entry-point group and --scenario-path."""
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -11,6 +9,8 @@ from racecheck.cli import main as cli
 
 from racecheck import scenarios
 from racecheck.core.errors import UsageError
+
+from helpers import racecheck_cli
 
 SCENARIO_SOURCE = textwrap.dedent('''
     import torch
@@ -108,8 +108,7 @@ def test_scenario_path_reaches_child_processes(tmp_path, registry):
     path = _write(tmp_path, "child-demo")
     scenarios.add_path(path)
     assert str(path) in os.environ[scenarios.PATH_ENV].split(os.pathsep)
-    r = subprocess.run([sys.executable, "-m", "racecheck", "list", "--json"], capture_output=True, text=True,
-                       env=dict(os.environ), timeout=300)
+    r = racecheck_cli("list", "--json")
     assert r.returncode == 0, r.stderr
     assert "child-demo" in [s["name"] for s in json.loads(r.stdout)["scenarios"]]
 
