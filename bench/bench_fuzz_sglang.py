@@ -1,15 +1,20 @@
 """Fuzzing throughput of the real engine against the model scenario, measured side by side.
 
-    python bench/bench_fuzz_sglang.py [--budget 120] [--model-budget 20] [--seed 31] [--quick]
+    python bench/bench_fuzz_sglang.py [--budget 120] [--fresh-budget 120] [--model-budget 20]
+                                      [--seed 31] [--quick]
 
 One process, one run after the other, each from a cold (in-memory) example database:
 
 1. `racecheck fuzz eagle-v2` as shipped for `--model-budget` seconds: the model scenario's
    examples per second;
-2. `racecheck fuzz sglang-eagle-v2` as shipped for `--budget` seconds: the real engine's examples
-   per second, and request schedules (traffic phases) per second, one engine per example;
-3. the ratio of the two, the issue's target being 1/10;
-4. `--drop-sync` of the verify plan-stream wait (graphs on): seconds until the fuzzer finds the
+2. `racecheck fuzz sglang-eagle-v2` as shipped for `--budget` seconds, examples as stretches of
+   open engines (one engine, many schedules: racecheck/drivers/fuzz/engines.py): the real
+   engine's examples per second, request schedules per second, and the time split (engine
+   construction, stretch, the stretch's end, waiting for the reference);
+3. the same for `--fresh-budget` seconds with a fresh engine per example (what every example
+   cost before engines were reused; 0 skips it);
+4. the ratios to the model's rate, the issue's target being 1/10;
+5. `--drop-sync` of the verify plan-stream wait (graphs on): seconds until the fuzzer finds the
    race (the target: under 60 s), from a cold database.
 
 Before the timed runs the process is warmed as the CLI's would be after its first example
@@ -28,18 +33,38 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 
-def fuzz(scenario: str, budget: float, seed: int, fixed=None, first_only=False) -> dict:
+def fuzz(scenario: str, budget: float, seed: int, fixed=None, first_only=False,
+         reuse=True) -> dict:
     from racecheck.drivers.fuzz import FuzzTarget, Fuzzer, open_database
     target = FuzzTarget(scenario, fixed=fixed)
     with tempfile.TemporaryDirectory() as tmp:
         db = open_database(os.path.join(tmp, "db"))
         t0 = time.monotonic()
         rep = Fuzzer(target, database=db, findings_dir=os.path.join(tmp, "repros"),
-                     budget_s=budget, seed=seed, first_only=first_only).run()
+                     budget_s=budget, seed=seed, first_only=first_only,
+                     reuse_engines=reuse).run()
         wall = time.monotonic() - t0
     found = {k: f.seconds_to_find for k, f in rep.failures.items()}
+    engines = {k: f.outcome.engine for k, f in rep.failures.items()}
     return {"scenario": scenario, "examples": rep.examples, "wall": wall,
-            "per_s": rep.examples / wall if wall else 0.0, "found": found}
+            "per_s": rep.examples / wall if wall else 0.0, "found": found,
+            "engines": rep.engines, "found_on": engines}
+
+
+def split(real: dict) -> str:
+    """Mean seconds per engine construction and per stretch, from the pool's counts."""
+    e = real.get("engines") or {}
+    if not e.get("stretches"):
+        return "no stretch ran"
+    sec, n = e["seconds"], e["stretches"]
+    built = e["engines_built"]
+    return (f"{built} engines built for {n} stretches ({e['references_built']} reference engines,"
+            f" {e['retired']} closed after a failure); per construction "
+            f"{sec['construction'] / max(built, 1):.1f}s, per stretch {sec['stretch'] / n:.1f}s "
+            f"(the online checker included), its end (synchronize, flush_cache, findings) "
+            f"{sec['end'] / n:.2f}s, waiting for the reference {sec['reference_wait'] / n:.1f}s,"
+            f" the parent's comparison {sec['parent'] / n:.3f}s; confirmations on a fresh engine:"
+            f" {e.get('confirmations')}")
 
 
 def phases_per_example(scenario: str, seed: int, n: int = 200) -> float:
@@ -65,6 +90,8 @@ def phases_per_example(scenario: str, seed: int, n: int = 200) -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget", type=float, default=120.0, help="seconds of real-engine fuzzing")
+    ap.add_argument("--fresh-budget", type=float, default=120.0,
+                    help="seconds of real-engine fuzzing with a fresh engine per example (0: skip)")
     ap.add_argument("--model-budget", type=float, default=20.0)
     ap.add_argument("--drop-budget", type=float, default=180.0)
     ap.add_argument("--seed", type=int, default=31)
@@ -77,6 +104,7 @@ def main(argv=None) -> int:
         return 0
     if args.quick:
         args.budget, args.model_budget, args.drop_budget = 15.0, 3.0, 15.0
+        args.fresh_budget = min(args.fresh_budget, 15.0)
 
     from racecheck import scenarios
     from racecheck.scenarios import fresh
@@ -87,6 +115,8 @@ def main(argv=None) -> int:
 
     model = fuzz("eagle-v2", args.model_budget, args.seed)
     real = fuzz("sglang-eagle-v2", args.budget, args.seed)
+    before = fuzz("sglang-eagle-v2", args.fresh_budget, args.seed, reuse=False) \
+        if args.fresh_budget > 0 else None
     per_example = phases_per_example("sglang-eagle-v2", args.seed)
     drop = fuzz("sglang-eagle-v2", args.drop_budget, args.seed,
                 fixed={"graphs": "on", "drop_sync": SITE_VERIFY_PLAN_WAIT}, first_only=True)
@@ -96,17 +126,28 @@ def main(argv=None) -> int:
     print(f"warming the process (sglang's dependencies, once): {warming:.1f}s")
     print(f"eagle-v2 (model), as shipped: {model['examples']} examples in {model['wall']:.1f}s = "
           f"{model['per_s']:.2f}/s")
-    print(f"sglang-eagle-v2, as shipped: {real['examples']} examples in {real['wall']:.1f}s = "
-          f"{real['per_s']:.3f}/s (about {per_example:.2f} request schedules per example: "
-          f"{real['per_s'] * per_example:.3f} schedules/s); failures: "
+    print(f"sglang-eagle-v2, as shipped, engines reused: {real['examples']} examples in "
+          f"{real['wall']:.1f}s = {real['per_s']:.3f}/s (about {per_example:.2f} request schedules"
+          f" per example: {real['per_s'] * per_example:.3f} schedules/s); failures: "
           f"{sorted(real['found']) or 'none'}")
-    print(f"ratio real/model: 1/{1 / ratio:.0f}" if ratio else "ratio real/model: no examples")
+    print(f"  time split: {split(real)}")
+    if before is not None:
+        print(f"sglang-eagle-v2, as shipped, a fresh engine per example: {before['examples']} "
+              f"examples in {before['wall']:.1f}s = {before['per_s']:.3f}/s; failures: "
+              f"{sorted(before['found']) or 'none'}")
+    print(f"ratio real/model: 1/{1 / ratio:.1f}" if ratio else "ratio real/model: no examples")
+    if before is not None and before["per_s"] and model["per_s"]:
+        print(f"ratio real/model with a fresh engine per example: "
+              f"1/{model['per_s'] / before['per_s']:.0f}; reuse speed-up "
+              f"{real['per_s'] / before['per_s']:.1f}x")
     print("verify plan-stream wait dropped (graphs on): " +
-          (f"found after {first:.1f}s ({sorted(drop['found'])[0]})" if first is not None
+          (f"found after {first:.1f}s ({sorted(drop['found'])[0]}; "
+           f"{next(iter(drop['found_on'].values()), '')})" if first is not None
            else f"not found in {drop['wall']:.0f}s ({drop['examples']} examples)"))
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"warming": warming, "model": model, "real": real, "ratio": ratio,
+            json.dump({"warming": warming, "model": model, "real": real, "fresh": before,
+                       "ratio": ratio,
                        "phases_per_example": per_example, "drop": drop}, fh, indent=1)
     return 0
 

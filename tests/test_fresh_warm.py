@@ -78,3 +78,34 @@ def test_a_child_that_dies_is_reported():
     from racecheck.scenarios import fresh
     with pytest.raises(fresh.EngineProcessDied, match="SIGKILL"):
         fresh.call(lambda: os.kill(os.getpid(), 9))
+
+
+def _echo_server(chan, scale):
+    while True:
+        msg = chan.recv()
+        if msg is None:
+            return
+        if msg == "die":
+            os._exit(3)
+        if msg == "raise":
+            raise ValueError("asked to")
+        chan.send((os.getpid(), msg * scale))
+
+
+def test_a_server_answers_many_requests_from_one_process_and_reports_its_end():
+    """`fresh.Server`: the long-lived engine process of the fuzzer (one engine, many schedules)."""
+    from racecheck.scenarios import fresh
+    s = fresh.Server(_echo_server, 3)
+    (pid1, a), (pid2, b) = s.request(1), s.request([2])
+    assert (a, b) == (3, [2, 2, 2]) and pid1 == pid2 == s.pid != os.getpid()
+    s.close()
+    assert not s.alive
+    with pytest.raises(ChildProcessError):
+        os.waitpid(s.pid, os.WNOHANG)
+    dying = fresh.Server(_echo_server, 1)
+    with pytest.raises(fresh.EngineProcessDied, match="exit status 3"):
+        dying.request("die")
+    raising = fresh.Server(_echo_server, 1)
+    with pytest.raises(ValueError, match="asked to"):
+        raising.request("raise")
+    raising.kill()

@@ -234,3 +234,6 @@ for _sc in (SCENARIO, OVERLAP_SCENARIO):
     engine_setup(_sc)
     # the fuzzer runs examples as stretches of one open engine per shape (reuse.py)
     _sc.reuse = importlib.import_module(__name__ + ".reuse")
+    # ... so an exploring example varies the engine's shape one time in two, else the traffic
+    _sc.shape_knobs = _sc.reuse.SHAPE_KNOBS
+    _sc.shape_odds = 2

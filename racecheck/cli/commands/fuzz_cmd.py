@@ -118,6 +118,13 @@ def main(args) -> int:
     else:
         report = _run_one(args, target, db, budget, found, out)
         examples, elapsed, kinds = report.examples, report.elapsed, report.kinds
+        e = getattr(report, "engines", None)
+        if e:          # one engine, many schedules (docs/FUZZING.md)
+            out.print(f"engines: {e['engines_built']} built for {e['stretches']} examples run as "
+                      f"stretches of open engines ({e['retired']} closed after a failure; "
+                      f"failures confirmed on a fresh engine: {e['confirmations']['confirmed']}, "
+                      f"not reproduced there: {e['confirmations']['not_reproduced']})",
+                      markup=False)
     return _summary(args, target, found, examples, elapsed, out, kinds)
 
 

@@ -21,6 +21,9 @@ import json
 import time
 
 _REFERENCE_CACHE_SIZE = 256
+# engines kept open at once (least recently used closed first): the examples that keep the
+# configured shape share one, while exploring examples' shapes come and go
+MAX_OPEN = 2
 
 
 class Stretch:
@@ -43,17 +46,21 @@ class _Open:
     def __init__(self, key: str, server):
         self.key, self.server = key, server
         self.stretches = 0
+        self.number = 0
 
 
 class EnginePool:
-    """The open engines of one fuzz target (one instrumented, one reference)."""
+    """The open engines of one fuzz target: up to `MAX_OPEN` instrumented engines and as many
+    reference engines, one per engine shape."""
 
     def __init__(self, sc, device: str):
         self.sc = sc
         self.device = device
         self.hooks = sc.reuse
-        self.engine: _Open | None = None
-        self.reference: _Open | None = None
+        self.max_open = MAX_OPEN
+        self.engines: dict = {}          # key -> _Open, least recently used first
+        self.references: dict = {}
+        self.engine: _Open | None = None     # the one the last example ran on
         self._refs: dict = {}
         self.engines_built = 0
         self.references_built = 0
@@ -64,45 +71,53 @@ class EnginePool:
 
     # -- lifetime --------------------------------------------------------------------------------
     def close(self) -> None:
-        for which in ("engine", "reference"):
-            got = getattr(self, which)
-            if got is not None:
+        for table in (self.engines, self.references):
+            for got in table.values():
                 got.server.close(timeout=5.0)
-                setattr(self, which, None)
+            table.clear()
+        self.engine = None
 
     def retire(self) -> None:
-        """Close the instrumented engine (the next example builds a new one)."""
+        """Close the engine the last example ran on (the next example of its shape builds a
+        new one)."""
         if self.engine is not None:
             self.engine.server.kill()
+            self.engines.pop(self.engine.key, None)
             self.engine = None
             self.retired += 1
 
-    def _instrumented(self, cfg: dict) -> tuple:
+    def _drop_reference(self, got: _Open, kill: bool = False) -> None:
+        (got.server.kill if kill else got.server.close)()
+        self.references.pop(got.key, None)
+
+    def _open(self, table: dict, key: str, fn, *args) -> tuple:
         from racecheck.scenarios import fresh
-        key = self.hooks.engine_key(cfg)
-        if self.engine is not None and (self.engine.key != key or not self.engine.server.alive):
-            self.engine.server.close(timeout=5.0)
-            self.engine = None
-        if self.engine is None:
-            self.engine = _Open(key, fresh.serve(self.sc, self.hooks.instrumented_engine, self.sc,
-                                                 cfg, self.device))
-            self.engines_built += 1
-            return self.engine, True
-        return self.engine, False
+        got = table.pop(key, None)
+        if got is not None and not got.server.alive:
+            got = None
+        built = got is None
+        if built:
+            while len(table) >= self.max_open:
+                table.pop(next(iter(table))).server.close(timeout=5.0)
+            got = _Open(key, fresh.serve(self.sc, fn, *args))
+        table[key] = got                                   # the most recently used last
+        return got, built
+
+    def _instrumented(self, cfg: dict) -> tuple:
+        got, built = self._open(self.engines, self.hooks.engine_key(cfg),
+                                self.hooks.instrumented_engine, self.sc, cfg, self.device)
+        self.engines_built += built
+        if built:
+            got.number = self.engines_built
+        self.engine = got
+        return got, built
 
     def _reference_server(self, cfg: dict) -> _Open:
-        from racecheck.scenarios import fresh
-        ref = self.sc.reference_config(cfg)
-        key = self.hooks.engine_key(ref)
-        if self.reference is not None and (self.reference.key != key
-                                           or not self.reference.server.alive):
-            self.reference.server.close(timeout=5.0)
-            self.reference = None
-        if self.reference is None:
-            self.reference = _Open(key, fresh.serve(self.sc, self.hooks.reference_engine,
-                                                    self.sc, cfg))
-            self.references_built += 1
-        return self.reference
+        got, built = self._open(self.references,
+                                self.hooks.engine_key(self.sc.reference_config(cfg)),
+                                self.hooks.reference_engine, self.sc, cfg)
+        self.references_built += built
+        return got
 
     def _ref_key(self, cfg: dict) -> str:
         return json.dumps(self.sc.reference_config(cfg), sort_keys=True, default=str)
@@ -128,8 +143,7 @@ class EnginePool:
         except BaseException:
             self.retire()
             if ref_server is not None:                     # its reply is not wanted any more
-                ref_server.server.kill()
-                self.reference = None
+                self._drop_reference(ref_server, kill=True)
             raise
         engine.stretches += 1
         self.stretches += 1
@@ -138,13 +152,11 @@ class EnginePool:
             try:
                 ref_reply = ref_server.server.reply()
             except BaseException:
-                ref_server.server.kill()
-                self.reference = None
+                self._drop_reference(ref_server, kill=True)
                 raise
             ref_out = ref_reply["outputs"]
             if ref_reply.get("timed_out") or not ref_reply.get("flushed", True):
-                ref_server.server.close(timeout=5.0)
-                self.reference = None
+                self._drop_reference(ref_server)
             if len(self._refs) >= _REFERENCE_CACHE_SIZE:
                 self._refs.pop(next(iter(self._refs)))
             self._refs[self._ref_key(cfg)] = ref_out
@@ -174,7 +186,7 @@ class EnginePool:
         for k in self.seconds:
             self.seconds[k] += secs.get(k, 0.0)
         clean_end = not reply["timed_out"] and reply["flushed"]
-        return Stretch(result, self.engines_built, reply["stretch"], constructed, secs, clean_end)
+        return Stretch(result, engine.number, reply["stretch"], constructed, secs, clean_end)
 
     def summary(self) -> dict:
         return {"engines_built": self.engines_built, "references_built": self.references_built,

@@ -106,6 +106,19 @@ def plans(draw, *, max_streams: int = MAX_STREAMS, max_change_points: int = 2, m
             "change_points": sorted(cps), "holds": hh}
 
 
+def _kept_shape(draw, sc, variant, base: dict) -> dict:
+    """For a scenario whose examples share an engine per shape (`sc.shape_knobs`: the knobs its
+    engine is built from, racecheck/drivers/fuzz/engines.py), an exploring example varies that
+    shape only one time in `sc.shape_odds` and otherwise only the traffic: the configured shape's
+    values, to hold like fixed ones. Drawn as one integer that shrinks toward keeping the shape."""
+    shape = [k for k in getattr(sc, "shape_knobs", ()) if k in sc.knobs and k not in base]
+    odds = int(getattr(sc, "shape_odds", 1))
+    if not shape or odds <= 1 or draw(st.integers(0, odds - 1)) == odds - 1:
+        return {}
+    configured = sc.config(variant, base)
+    return {k: configured[k] for k in shape}
+
+
 @st.composite
 def configs(draw, sc, variant=None, *, draw_switches: bool = False, fixed: dict | None = None):
     """Knob overrides for `sc.config(variant, overrides)`: the scenario's own draws (its
@@ -121,12 +134,13 @@ def configs(draw, sc, variant=None, *, draw_switches: bool = False, fixed: dict 
         base.update({k: v for k, v in sc.variant(variant).overrides.items() if k not in drawn})
     base.update(fixed or {})
     explore = draw(st.booleans())
-    own = sc.strategy(base, explore)
+    keep = _kept_shape(draw, sc, variant, base) if explore else {}
+    own = sc.strategy(dict(base, **keep), explore)
     cfg = dict(draw(own)) if own is not None else {}
     switch_names = set(sc.switches)
     if explore:
         for name, knob in sc.knobs.items():
-            if name in drawn or name in switch_names or name in base:
+            if name in drawn or name in switch_names or name in base or name in keep:
                 continue
             value = draw(knob_values(knob))
             if value != knob.default:     # a default set explicitly would undo what a variant
