@@ -307,10 +307,11 @@ def test_explicit_and_holder_names_win():
 
 def test_names_are_made_only_for_findings(monkeypatch):
     """No per-op cost: a clean run never reads source."""
-    from racecheck.core import checker, sourcenames
+    from racecheck.core import sourcenames
+    from racecheck.core.checker import naming
     calls = []
     real = sourcenames.creation_name
-    monkeypatch.setattr(checker, "creation_name", lambda fr: calls.append(fr) or real(fr))
+    monkeypatch.setattr(naming, "creation_name", lambda fr: calls.append(fr) or real(fr))
 
     def clean(dm, rc):
         s = dm.Stream()
