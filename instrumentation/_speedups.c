@@ -20,7 +20,7 @@
 #define HAVE_FRAME_API 1
 #endif
 
-/* ---- interned attribute names ------------------------------------------------------------ */
+/* ---- interned names ------------------------------------------------------------------------ */
 
 static PyObject *s_ACTIVE, *s_mute, *s_new_event_id, *s_event, *s_graph, *s_graph_replay, *s_stream_id, *s_device_index, *s_device_type, *s_alloc_stream, *s_checking, *s_seq, *s_internal, *s_sync_kind, *s_target, *s_thread, *s_stream, *s_reads, *s_writes, *s_storage, *s_ranges, *s_born,
     *s_append, *s_capture_attr, *s_tid_attr, *s_before_launch, *s_host, *s_data_ptr, *s_dict,
@@ -31,30 +31,44 @@ static PyObject *s_ACTIVE, *s_mute, *s_new_event_id, *s_event, *s_graph, *s_grap
     *s_get_device, *s_popleft, *s_current_stream_tid, *s_emit, *s_waiter, *s_waitee, *minus_one,
     *empty_tuple;
 
+/* I: an attribute (or method, or global) read by name, declared beside the Python that defines
+   it (racecheck.core.cnames; tests/test_cnames.py checks both sides). V: a string used as a value. */
 static int intern_all(void) {
 #define I(var, text) if (!(var = PyUnicode_InternFromString(text))) return -1
-    I(s_ACTIVE, "_ACTIVE"); I(s_mute, "mute"); I(s_new_event_id, "new_event_id"); I(s_event, "event");
-    I(s_graph, "graph"); I(s_graph_replay, "graph_replay"); I(s_stream_id, "stream_id");
-    I(s_device_index, "device_index"); I(s_device_type, "device_type");
-    I(s_alloc_stream, "alloc_stream");
-    I(s_checking, "checking"); I(s_seq, "seq"); I(s_internal, "internal");
-    I(s_sync_kind, "sync_kind"); I(s_target, "target");
-    I(s_waiter, "waiter"); I(s_waitee, "waitee");
-    I(s_thread, "thread"); I(s_stream, "stream"); I(s_reads, "reads"); I(s_writes, "writes");
-    I(s_storage, "storage"); I(s_ranges, "ranges"); I(s_born, "born"); I(s_append, "append");
-    I(s_capture_attr, "capture"); I(s_tid_attr, "tid"); I(s_before_launch, "before_launch");
-    I(s_host, "host"); I(s_data_ptr, "data_ptr"); I(s_dict, "__dict__");
-    I(s_pin_memory, "pin_memory"); I(s_op, "op"); I(s_stack, "stack");
-    I(s_thread_tid, "thread_tid"); I(s_block, "block"); I(s_dead, "dead"); I(s_busy, "_busy");
-    I(s_flush_pending, "flush_pending"); I(s_numel, "numel"); I(s_is_contiguous, "is_contiguous");
-    I(s_untyped_storage, "untyped_storage"); I(s_cdata, "_cdata");
+#define V(var, text) I(var, text)
+    /* the sink (instrumentation/base.py Sink; racecheck/core/recorder.py Recorder) */
+    I(s_checking, "checking"); I(s_seq, "seq"); I(s_emit, "emit");
+    I(s_new_event_id, "new_event_id"); I(s_thread_tid, "thread_tid"); I(s_busy, "_busy");
+    I(s_flush_pending, "flush_pending");
+    /* thread state (recorder.py ThreadState; the device wrappers' instrumentation/device.py
+       _WrapperState) */
+    I(s_tid_attr, "tid"); I(s_capture_attr, "capture"); I(s_internal, "internal");
+    I(s_alloc_stream, "alloc_stream"); I(s_mute, "mute");
+    /* backends (base.py Backend; device.py's globals) */
+    I(s_before_launch, "before_launch"); I(s_current_stream_tid, "current_stream_tid");
+    I(s_ACTIVE, "_ACTIVE");
+    /* the storage registry (instrumentation/footprints.py StorageRegistry) */
+    I(s_next, "_next"); I(s_by_cdata, "_by_cdata"); I(s_cdata_of, "_cdata_of");
+    I(s_host_sids, "host_sids"); I(s_dead, "dead"); I(s_on_new, "_on_new");
+    I(s_new_are_host, "new_are_host"); I(s_host_of, "host_of");
+    /* trace events and footprints (racecheck/core/trace.py, their __slots__) */
+    I(s_thread, "thread"); I(s_stack, "stack"); I(s_stream, "stream"); I(s_reads, "reads");
+    I(s_writes, "writes"); I(s_op, "op"); I(s_event, "event"); I(s_graph, "graph");
+    I(s_sync_kind, "sync_kind"); I(s_target, "target"); I(s_waiter, "waiter");
+    I(s_waitee, "waitee"); I(s_block, "block"); I(s_nbytes, "nbytes"); I(s_host, "host");
+    I(s_storage, "storage"); I(s_ranges, "ranges"); I(s_approx, "approx"); I(s_born, "born");
+    /* torch's tensors, storages and streams (declared in instrumentation/footprints.py and
+       device.py, where the Python reads the same) */
+    I(s_numel, "numel"); I(s_is_contiguous, "is_contiguous"); I(s_untyped_storage, "untyped_storage");
     I(s_element_size, "element_size"); I(s_storage_offset, "storage_offset");
-    I(s_is_view, "_is_view"); I(s_approx, "approx"); I(s_new_are_host, "new_are_host");
-    I(s_host_of, "host_of"); I(s_next, "_next"); I(s_by_cdata, "_by_cdata");
-    I(s_cdata_of, "_cdata_of"); I(s_host_sids, "host_sids"); I(s_nbytes, "nbytes");
-    I(s_on_new, "_on_new"); I(s_is_cpu, "is_cpu"); I(s_get_device, "get_device");
-    I(s_popleft, "popleft"); I(s_current_stream_tid, "current_stream_tid");
-    I(s_emit, "emit");
+    I(s_is_view, "_is_view"); I(s_data_ptr, "data_ptr"); I(s_get_device, "get_device");
+    I(s_is_cpu, "is_cpu"); I(s_cdata, "_cdata"); I(s_stream_id, "stream_id");
+    I(s_device_index, "device_index"); I(s_device_type, "device_type");
+    /* builtins: the queues' deque methods, any object's __dict__ */
+    I(s_append, "append"); I(s_popleft, "popleft"); I(s_dict, "__dict__");
+    /* values: the op name a graph replay's launch hook gets, a keyword argument */
+    V(s_graph_replay, "graph_replay"); V(s_pin_memory, "pin_memory");
+#undef V
 #undef I
     if (!(minus_one = PyLong_FromLong(-1)) || !(empty_tuple = PyTuple_New(0)))
         return -1;

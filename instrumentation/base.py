@@ -16,6 +16,7 @@ from typing import Callable, Protocol
 import torch
 
 from racecheck.core import native
+from racecheck.core.cnames import read_by_c
 from racecheck.core.trace import Alloc, HostAccess, HostSync, Kernel, RecordStream
 
 from . import stacks
@@ -25,8 +26,12 @@ from .indexops import index_footprint as host_index_footprint
 from .sites import SyncSites
 
 
+@read_by_c("checking", "seq", "emit", "new_event_id", "thread_tid")
 class Sink(Protocol):
-    """Where instrumentation's events go (the session's recorder)."""
+    """Where instrumentation's events go (the session's recorder).
+
+    The C hot path (instrumentation/_speedups.c) reads the names in @read_by_c of the sink it is
+    given; `tls`, `dead` and `queue` the Python hands it when it builds its objects."""
 
     checking: bool          # False once racecheck hit an internal error: stop observing
     lock: object            # an RLock held while events are ordered and checked
@@ -66,6 +71,7 @@ class _InternalReads:
         self.tls.internal -= 1
 
 
+@read_by_c("before_launch", "current_stream_tid")
 class Backend(abc.ABC):
     """One device kind. Subclasses set `module` (the torch.cuda look-alike users get) and implement
     `current_stream_tid`, `stream_of` and `host_wait_stream`; everything else has a default.

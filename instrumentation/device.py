@@ -46,6 +46,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from racecheck.core import native
+from racecheck.core.cnames import read_by_c, read_by_c_globals
 from racecheck.core.trace import (EventRecord, Footprint, GraphCapture, GraphReplay, Kernel, NameTimeline,
                              StreamWaitEvent, StreamWaitStream)
 
@@ -59,6 +60,8 @@ from .indexops import index_footprint as _host_index_footprint
 __all__ = ["DeviceBackend", "hook_trace"]
 
 _ACTIVE = None              # the backend trace callbacks report to (None: callbacks do nothing)
+read_by_c_globals(__name__, "_ACTIVE")      # the C wrappers (SyncHook) read it from globals()
+read_by_c("stream_id", "device_index", "device_type")(torch.Stream)     # ... and these of streams
 _HOOKED: dict = {}          # id(trace registry module) -> set of kinds racecheck is attached to
 _HOOK_LOCK = threading.Lock()
 _EID_ATTR = "_racecheck_eid"
@@ -173,6 +176,7 @@ def _positions(offset, shape, stride):
 _IS_CPU = operator.attrgetter("is_cpu")
 
 
+@read_by_c("mute")
 class _WrapperState(threading.local):
     """Per host thread, for the wrappers; class defaults keep a missing attribute (an exception
     raised and cleared) off every record, wait and replay."""

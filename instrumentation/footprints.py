@@ -15,6 +15,7 @@ from collections import deque
 import torch
 
 from racecheck.core import native
+from racecheck.core.cnames import read_by_c
 from racecheck.core.trace import Footprint
 
 from .stacks import _internal as internal_files, drop_site
@@ -27,7 +28,14 @@ getframe = sys._getframe
 CACHE_ATTR = "_racecheck_fp"
 _tokens = itertools.count(1)
 
+# What the C hot path (instrumentation/_speedups.c) reads of torch's tensors and storages, as the
+# Python here does: footprints, registration, a tensor's device
+read_by_c("numel", "is_contiguous", "untyped_storage", "element_size", "storage_offset", "_is_view",
+          "data_ptr", "get_device", "is_cpu")(torch.Tensor)
+read_by_c("_cdata", "nbytes")(torch.UntypedStorage)
 
+
+@read_by_c("_next", "_by_cdata", "_cdata_of", "host_sids", "dead", "_on_new", "new_are_host", "host_of")
 class StorageRegistry:
     """Assigns ids to storages and notices when they die.
 

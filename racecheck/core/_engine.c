@@ -281,13 +281,14 @@ static struct PyModuleDef engine_module = {PyModuleDef_HEAD_INIT, "racecheck.cor
 PyMODINIT_FUNC PyInit__engine(void) {
     if (PyType_Ready(&EngineType) < 0)
         return NULL;
-    if (!(str_stream = PyUnicode_InternFromString("stream")) ||
-        !(str_event = PyUnicode_InternFromString("event")) ||
-        !(str_device = PyUnicode_InternFromString("device")) ||
-        !(s_append = PyUnicode_InternFromString("append")) ||
-        !(s_format = PyUnicode_InternFromString("format")) ||
-        !(s_index_into = PyUnicode_InternFromString("index_into")))
-        return NULL;
+    /* I: an attribute or method read by name (tests/test_cnames.py checks its Python side);
+       V: a string compared against (HostSync.sync_kind values) */
+#define I(var, text) if (!(var = PyUnicode_InternFromString(text))) return NULL
+#define V(var, text) I(var, text)
+    V(str_stream, "stream"); V(str_event, "event"); V(str_device, "device");
+    I(s_append, "append"); I(s_format, "format"); I(s_index_into, "index_into");
+#undef V
+#undef I
     PyObject *m = PyModule_Create(&engine_module);
     if (m == NULL)
         return NULL;

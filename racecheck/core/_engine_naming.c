@@ -30,7 +30,7 @@ int on_name_tensor(Engine *e, PyObject *ev, int64_t seq) {
     e->name_order++;
     PyObject *zero = PyLong_FromLong(0), *one = PyLong_FromLong(1),
              *order = PyLong_FromLongLong(e->name_order);
-    PyObject *cls = PyDict_GetItemString(e->kit, "_Name");
+    PyObject *cls = kit(e, "_Name");
     PyObject *entry = NULL;
     if (zero && one && order && cls) {
         PyObject *args[6] = {lo, hi, name, rbt ? rb : zero, ist ? is : one, order};
@@ -74,8 +74,9 @@ int on_stale_tolerant(Engine *e, PyObject *ev, int64_t seq) {
     PyObject *empty = cur ? NULL : PyList_New(0);
     if (!cur && !empty)
         return -1;
+    PyObject *add = kit(e, "iv_add");
     PyObject *args[3] = {cur ? cur : empty, lo, hi};
-    PyObject *r = PyObject_Vectorcall(PyDict_GetItemString(e->kit, "iv_add"), args, 3, NULL);
+    PyObject *r = add ? PyObject_Vectorcall(add, args, 3, NULL) : NULL;
     Py_XDECREF(empty);
     if (r == NULL)
         return -1;

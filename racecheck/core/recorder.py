@@ -12,6 +12,7 @@ import threading
 import traceback
 
 from racecheck.core import native
+from racecheck.core.cnames import read_by_c
 from racecheck.core.fastchecker import new_checker
 from racecheck.core.trace import (Copy, Free, GraphReplay, HostSync, Kernel, NameTimeline, StreamWaitEvent,
                     StreamWaitStream, Trace)
@@ -26,6 +27,7 @@ BATCH = 128
 CAP = 1024
 
 
+@read_by_c("tid", "capture", "internal", "alloc_stream")
 class ThreadState(threading.local):
     """Per host thread; class defaults keep lookups free of AttributeError (slow) on the hot path.
 
@@ -49,6 +51,7 @@ class _Unresolved:
         self.event, self.resolve = event, resolve
 
 
+@read_by_c("checking", "seq", "emit", "new_event_id", "thread_tid", "_busy", "flush_pending")
 class Recorder:
     """Implements `Sink`: ids, host timelines, the ordered event queue, the checker behind it."""
 

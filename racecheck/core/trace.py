@@ -6,6 +6,11 @@ storages are small integers assigned by the instrumentation; names travel as the
 
 Events are plain slotted objects so that building one costs little on the per-op path; every
 event converts to and from a JSON object for `.jsonl` traces that can be re-checked offline.
+
+The C code reads and writes the fields of events, footprints and captured ops by name: the
+checker's engine finds each field's slot by its name (racecheck/core/_engine.c), the per-op path
+makes events slot by slot (instrumentation/_speedups.c). Their `__slots__` are that declaration
+(racecheck.core.cnames; tests/test_cnames.py checks the C's names against them).
 """
 from __future__ import annotations
 
