@@ -94,7 +94,10 @@ def _new_executor(rc, plan, state: dict):
     new.bind(backend)
     for tid, n in state["startup_ops"].items():
         new._stream(tid).nops = n
-    new.serving()
+    if plan is not None:
+        new.serving()
+    # without a plan the stretch runs in issue order throughout (never `serving()`), as a fresh
+    # run without a plan runs on the eager executor: holds (a forward delay) change nothing
     return new
 
 
