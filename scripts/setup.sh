@@ -174,12 +174,12 @@ else
   pipi "${index[@]}" "torch==${TORCH_VERSION:-2.13.0}"
 fi
 
-# racecheck and the extras: pip only when the stamp (pyproject, setup.py, the C hot path's source,
+# racecheck and the extras: pip only when the stamp (pyproject, setup.py, the C sources,
 # extras) is new or racecheck is not imported from this checkout
 extras=test
 [ "${SETUP_ENGINES:-1}" = 0 ] || extras=test,triton,sglang
 stamp="$VENV/.racecheck-setup"
-sums="$(cat pyproject.toml setup.py racecheck/*.c | cksum) $(pwd)"
+sums="$(cat pyproject.toml setup.py racecheck/core/*.[ch] instrumentation/*.c | cksum) $(pwd)"
 have="$(cat "$stamp" 2>/dev/null || true)"
 if { [ "$have" != "$sums test,triton,sglang" ] && [ "$have" != "$sums $extras" ]; } \
    || ! "$VPY" -c "import os, racecheck, pytest; assert os.path.samefile(os.path.dirname(racecheck.__file__), 'racecheck')" 2>/dev/null; then
