@@ -190,3 +190,19 @@ def test_a_moved_module_is_reported(tmp_path):
     path.write_text("def f():\n    from racecheck.scenarios.fuzz import Fuzzer\n")
     assert missing_imports(str(path), "racecheck.cli.commands.m", {"racecheck.scenarios"}) == {
         "racecheck.scenarios.fuzz"}
+
+
+def test_the_architecture_picture_matches_the_folders():
+    """docs/ARCHITECTURE.md draws the layers with their folders: each drawn folder exists, and
+    every package folder of the tree is drawn."""
+    import re
+    with open(os.path.join(ROOT, "docs", "ARCHITECTURE.md"), encoding="utf-8") as fh:
+        picture = fh.read().split("```")[1]
+    drawn = set(re.findall(r"(?<![\w/.])((?:racecheck|instrumentation|scenarios|reports)/(?:\w+/)?)",
+                           picture))
+    assert drawn, picture
+    assert all(os.path.isdir(os.path.join(ROOT, d)) for d in drawn), sorted(drawn)
+    packages = {f"racecheck/{d}/" for d in os.listdir(os.path.join(ROOT, "racecheck"))
+                if os.path.isfile(os.path.join(ROOT, "racecheck", d, "__init__.py"))}
+    packages |= {f"{folder}/" for folder in FOLDERS.values() if folder != "racecheck"}
+    assert packages <= drawn, sorted(packages - drawn)
