@@ -84,21 +84,74 @@ def test_the_strategy_draws_valid_bounded_shapes_and_keeps_what_is_fixed():
 
 
 def test_as_shipped_drawn_shapes_are_clean():
-    """Drawn schedules and spec shapes in issue order. (Drawn executor plans can run the default
-    stream's start-up fills after the first forward: the triaged start-up race then shows as
-    wrong tokens or a crash, docs/FINDINGS.md.)"""
+    """Drawn schedules and spec shapes in issue order, on the cuda flavour, as stretches of open
+    engines. (Drawn executor plans can run the default stream's start-up fills after the first
+    forward: the triaged start-up race then shows as wrong tokens or a crash, docs/FINDINGS.md.)"""
     configs = []
     target = FuzzTarget(SC, draw_plan=False)
     run = target.run
 
     def recording(example):
         outcome = run(example)
-        configs.append((outcome.config, outcome.keys))
+        configs.append((outcome.config, outcome.keys, outcome.engine))
         return outcome
     target.run = recording
-    report = Fuzzer(target, database=None, max_examples=2, budget_s=900, seed=5, write=False).run()
-    assert report.examples == 2
-    assert not report.failures, [(c, k) for c, k in configs if k]
+    report = Fuzzer(target, database=None, max_examples=3, budget_s=900, seed=5, write=False).run()
+    assert report.examples == 3
+    assert not report.failures, [c for c in configs if c[1]]
+    assert all(c[0]["flavour"] == "cuda" for c in configs)
+    assert all(c[2].startswith("reused: ") for c in configs), configs
+    assert report.engines["stretches"] == 3 and report.engines["retired"] == 0
+
+
+def test_examples_reuse_one_engine():
+    """One engine, many schedules: three schedules of one engine shape are three stretches of
+    one engine (one construction, one reference engine), each with the outputs of the serialized
+    reference, request ids counted per schedule, phases included."""
+    target = FuzzTarget(SC, fixed={"graphs": "off"})
+    target.reuse_engines = True
+    assert target.reusing()
+    plan = {"priorities": {}, "host": 0, "change_points": [], "holds": [], "from": "serving"}
+    outcomes = []
+    try:
+        for arrivals in ("0:2x3", "0:1x2;1:2x4", "0:3x2|0:1x1"):
+            outcomes.append(target.run({"config": {"arrivals": arrivals}, "seed": 0,
+                                        "plan": plan}))
+        stats = target.engine_stats()
+    finally:
+        target.close()
+    assert [o.keys for o in outcomes] == [[], [], []]
+    assert [o.engine for o in outcomes] == [f"reused: stretch {k} of reused engine 1"
+                                            for k in range(3)]
+    assert stats["engines_built"] == 1 and stats["references_built"] == 1
+    assert stats["stretches"] == 3 and stats["retired"] == 0
+    for o, n in zip(outcomes, (2, 3, 4)):
+        assert o.result.diff_ok and o.result.outputs == o.result.reference_outputs
+        assert sorted(o.result.outputs["output_ids"]) == [f"r{i}" for i in range(n)]
+    # the same schedule on the open engine and on a fresh one gives the same tokens
+    assert outcomes[0].result.outputs["output_ids"] == {"r0": [323, 216, 323], "r1": [56, 133, 56]}
+
+
+def test_a_dropped_verify_plan_wait_is_found_shrunk_and_confirmed_on_a_fresh_engine(tmp_path):
+    """The #21940 seed (the verify's plan-stream wait dropped, graphs on) is found by the search
+    on reused engines; the failure is confirmed on a fresh engine before it is shrunk and saved,
+    and its record says so."""
+    from racecheck.scenarios.sglang import SITE_VERIFY_PLAN_WAIT, VARIANTS
+    variant = next(v for v in VARIANTS if v.name == "no-verify_plan_wait")
+    # the seed's findings (docs/SGLANG.md): the verify's inputs, its plan and custom mask
+    expected = list(variant.expected) + [("RC001", "KVLocPlan.*"), ("RC001", "EagleVerifyInput.*")]
+    target = FuzzTarget(SC, fixed={"graphs": "on", "drop_sync": SITE_VERIFY_PLAN_WAIT})
+    report = Fuzzer(target, database=None, findings_dir=str(tmp_path), budget_s=240, seed=31,
+                    first_only=True).run()
+    assert report.failures, report
+    [(key, found)] = report.failures.items()
+    rule, _, tensor = key.partition(" ")
+    assert any(rule == r and fnmatch.fnmatchcase(tensor, t) for r, t in expected), key
+    assert found.outcome.engine.startswith("fresh: confirmed on a fresh engine"), found.outcome.engine
+    rec = json.loads(open(found.path).read())
+    assert rec["search"]["engine"].startswith("fresh: confirmed on a fresh engine")
+    assert rec["config"]["drop_sync"] == SITE_VERIFY_PLAN_WAIT and rec["config"]["graphs"] is True
+    assert report.engines["confirmations"]["confirmed"] >= 1
 
 
 def test_a_dropped_site_is_found_and_its_record_replays(tmp_path):
@@ -118,6 +171,7 @@ def test_a_dropped_site_is_found_and_its_record_replays(tmp_path):
     assert rec["config"]["drop_sync"] == SITE and rec["config"]["arrivals"] == "0:2x4"
     assert rec["config"]["graphs"] is False
     assert "-set-" in records[0].name                 # not named as the shipped code's failure
+    assert rec["search"]["engine"].startswith("fresh: confirmed on a fresh engine"), rec["search"]
     replay = subprocess.run([sys.executable, "-m", "racecheck", "repro", str(records[0])],
                             capture_output=True, text=True, timeout=600)
     assert replay.returncode == 1, replay.stdout + replay.stderr
