@@ -71,9 +71,10 @@ def _without_torch(tmp_path, code: str, *args):
 
 
 def test_import_and_offline_commands_need_no_torch(tmp_path):
-    from test_cli_polish import _trace
+    from helpers import in_session
+    from test_cli_polish import _racy
     trace = tmp_path / "t.jsonl"
-    _trace(trace)
+    in_session(_racy, record_trace=True).save_trace(str(trace))
     code = textwrap.dedent("""
         import sys
         import racecheck
