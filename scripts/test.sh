@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# Sets up the venv (idempotent), runs the benchmarks in quick mode, then the whole test suite (the
-# 25 slowest tests listed, then its
-verdict line: the last thing printed).
+# Sets up the venv (idempotent), runs the benchmarks in quick mode, then the whole test suite (its 25
+# slowest tests listed, then its verdict line: the last thing printed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
