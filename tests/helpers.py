@@ -45,3 +45,13 @@ def racecheck_cli(*args, cwd=None, env=None, timeout=300) -> subprocess.Complete
     """`python -m racecheck ARGS` in a fresh process; `env` adds to this process's environment."""
     return subprocess.run([sys.executable, "-m", "racecheck", *map(str, args)], capture_output=True,
                           text=True, cwd=cwd, env={**os.environ, **(env or {})}, timeout=timeout)
+
+
+def what_ran(res) -> str:
+    """What a failure message needs to tell a run that went otherwise elsewhere (a CI machine)
+    from this one: the dropped sites' calls, every site's calls, the outputs, the known races."""
+    dropped = {s.id: (s.calls, s.dropped) for s in res.sync_sites if s.dropped}
+    calls = {s.id.split(":", 1)[-1]: s.calls for s in res.sync_sites}
+    known = sorted({(f.rule, f.tensor, f.place.spans if f.place else "") for f in res.known})
+    return (f"\n  dropped (calls, dropped): {dropped}; unmatched: {res.unmatched_drops}"
+            f"\n  outputs: {res.outputs}\n  known: {known}\n  site calls: {calls}")

@@ -13,6 +13,8 @@ import pytest
 
 from racecheck import scenarios
 
+from helpers import what_ran
+
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("sglang") is None or importlib.util.find_spec("triton") is None,
     reason="needs sglang and racecheck[sglang,triton] (scripts/setup.sh); CI installs them")
@@ -62,7 +64,7 @@ def test_every_seed_is_flagged_with_the_engines_name(variant):
     got = res.signature()
     missing = [(rule, pattern) for rule, pattern in v.expected
                if not any(r == rule and fnmatch.fnmatchcase(t, pattern) for r, t in got)]
-    assert not missing, f"{variant}: missing {missing}; got {sorted(got)}"
+    assert not missing, f"{variant}: missing {missing}; got {sorted(got)}{what_ran(res)}"
     assert not res.unmatched_drops
 
 
@@ -70,7 +72,7 @@ def test_the_plain_overlap_scheduler_is_clean_and_needs_its_war_barrier():
     shipped = _run(scenario="sglang-overlap", graphs=False)
     assert shipped.findings == [], "\n".join(f.message() for f in shipped.findings)
     dropped = _run("no-war_barrier", scenario="sglang-overlap", graphs=False)
-    assert ("RC002", "ReqToTokenPool.req_to_token") in dropped.signature()
+    assert ("RC002", "ReqToTokenPool.req_to_token") in dropped.signature(), what_ran(dropped)
 
 
 def test_an_upstream_rename_fails_with_one_line():

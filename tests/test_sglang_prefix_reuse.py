@@ -12,6 +12,8 @@ import pytest
 
 from racecheck import scenarios
 
+from helpers import what_ran
+
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("sglang") is None or importlib.util.find_spec("triton") is None,
     reason="needs sglang and racecheck[sglang,triton] (scripts/setup.sh); CI installs them")
@@ -30,7 +32,7 @@ def _run(variant, **overrides):
 def test_rocm_as_shipped_hands_the_row_over_while_the_forward_reads_it():
     res = _run("rocm-prefix-reuse")
     rows = [f for f in res.findings if (f.rule, f.tensor) == RC002_ROW]
-    assert rows, [f.message() for f in res.findings]
+    assert rows, f"{[f.message() for f in res.findings]}{what_ran(res)}"
     assert all(f.current.stream == "schedule_stream" and f.previous.kind == "read"
                for f in rows), [f.message() for f in rows]
     assert res.diff_ok                                   # issue order: no wrong values
