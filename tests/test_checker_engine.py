@@ -326,6 +326,21 @@ def test_undeclared_stale_padding_is_rc006():
     assert [(f.rule, f.tensor) for f in fast().process_all(events).findings] == [("RC006", "input_ids")]
 
 
+def test_bytes_a_graph_stages_itself_are_not_inputs_in_c():
+    """The graph copies all 32 bytes of storage 20 from its staging buffer (22) before reading
+    them; outside it only the first 16 are rewritten: no RC006, in C as in the reference."""
+    stage = CapturedOp((Footprint(22, ((0, 32),)),), (Footprint(20, ((0, 32),), approx="capture"),),
+                       "copy_", ST)
+    embed = CapturedOp((Footprint(20, ((0, 32),)),), (Footprint(21, ((0, 8),)),), "embed", ST)
+    events = [NameTimeline(0, 0, "host", True), NameTimeline(0, 1, "main"),
+              NameTensor(0, 20, 0, 32, "input_ids", 8, 4), GraphCapture(0, 1, [stage, embed], ST)]
+    for rows in (32, 16, 16):
+        events += [Kernel(0, 1, (), (Footprint(20, ((0, rows),)),), "eager_fill", ST),
+                   GraphReplay(0, 1, 1, ST)]
+    assert assert_same(events)
+    assert fast().process_all(events).findings == []
+
+
 # -- random traces ---------------------------------------------------------------------------------
 
 HOSTS, STREAMS, STORAGES, EVENTS, GRAPHS = (100, 101), (1, 2, 3), (10, 11, 12), (1, 2, 3), (1, 2)

@@ -152,6 +152,37 @@ def test_rc006_recapture_resets_and_own_writes_do_not_refresh():
     assert len(tb.findings()) == 1
 
 
+def staged_graph(tb, read_first=False, approx=None):
+    """A runner that stages its inputs inside the graph: a captured copy writes the 8 rows of
+    req_pool_indices from the runner's own buffer (inp), then the model reads them; outside the
+    graph only rows [:bs] of req_pool_indices are written (another runner sharing the buffer)."""
+    tb.tensor(RPI, 64, "req_pool_indices", row_bytes=8, itemsize=8)
+    tb.tensor(INP, 64, "staging")
+    tb.tensor(OUT, 64, "logits")
+    gather = CapturedOp((fp(RPI, 0, 64),), (fp(OUT, 0, 64),), "gather",
+                        (("/eng/model.py", 50, "forward"),))
+    stage = CapturedOp((fp(INP, 0, 64),), (fp(RPI, 0, 64, approx=approx),), "copy_",
+                       (("/eng/runner.py", 12, "stage"),))
+    capture(tb, G, [gather, stage, gather] if read_first else [stage, gather])
+    for bs in (8, 3, 3):
+        tb.k(D, w=[fp(INP, 0, 64)], op="copy_", fn="populate_from_forward_batch")
+        tb.k(D, w=[fp(RPI, 0, bs * 8)], op="copy_", fn="eager_forward")
+        replay(tb, G, D)
+    return tb.findings()
+
+
+def test_rc006_bytes_the_graph_writes_before_reading_them_are_not_inputs():
+    assert staged_graph(TB()) == []
+    # a covering write (a kernel's whole-tensor stand-in in a capture) stages them too
+    assert staged_graph(TB(), approx="whole tensors in a capture") == []
+
+
+def test_rc006_a_read_before_the_graphs_own_write_still_reads_an_input():
+    fs = staged_graph(TB(), read_first=True)
+    assert rules(fs) == [("RC006", "req_pool_indices")]
+    assert "rows 3..7" in fs[0].detail
+
+
 def rc007_trace(born_at):
     tb = TB()
     tb.tensor(OUT, 32, "static_out")

@@ -247,6 +247,8 @@ int ivl_union(IVL *x, const IVL *y);
 int ivl_intersect(const IVL *x, const IVL *y, IVL *out);
 /* is iv_subtract(x, y) non-empty? */
 int ivl_subtract_nonempty(const IVL *x, const IVL *y);
+/* l ∪ ([lo, hi) less y) */
+int ivl_add_minus(IVL *l, int64_t lo, int64_t hi, const IVL *y);
 void ivl_free(IVL *l);
 
 /* ---- graphs (checker state: _Graph, _GraphInput) ----------------------------------------------- */
@@ -519,6 +521,8 @@ typedef struct {
 } Ex;
 
 PyObject *kit(Engine *e, const char *name);
+int ex_begin(Ex *x, Engine *e);
+void ex_end(Ex *x);
 PyObject *rec_out(Ex *x, Rec *r);
 int export_timelines_of(Ex *x, PyObject *c, const char *keep, int64_t from_seq);
 int export_checker(Engine *e, PyObject *c);

@@ -567,10 +567,10 @@ int on_copy(Engine *e, PyObject *ev, int64_t seq) {
         if (vc_join(&ht->vc, &e->tls[s].vc) < 0)
             return -1;
         ht->ver++;
-        Py_INCREF(op);
         dirs = PyUnicode_FromString(dir);
         if (dirs == NULL)
             return -1;
+        Py_INCREF(op);
         push_ctx(e, ht, seq, K_SYNC, L_BLOCKING, op, dirs, s, seq);
     }
     return 1;

@@ -5,11 +5,36 @@
 static const char *const KIND_NAMES[] = {"copy", "host", "sync", "record", "wait", "capture",
                                          "replay"};
 
+/* The kit's entry `name` (borrowed), or NULL with KeyError (MemoryError: PyDict_GetItemString would
+   hide it) */
 PyObject *kit(Engine *e, const char *name) {
-    PyObject *v = PyDict_GetItemString(e->kit, name);
+    PyObject *key = PyUnicode_FromString(name);
+    if (key == NULL)
+        return NULL;
+    PyObject *v = PyDict_GetItemWithError(e->kit, key);
+    Py_DECREF(key);
     if (v == NULL && !PyErr_Occurred())
         PyErr_Format(PyExc_KeyError, "engine kit lacks %s", name);
     return v;
+}
+
+/* An export of e's state: 0, or -1 with an exception (ex_end frees what was made either way) */
+int ex_begin(Ex *x, Engine *e) {
+    *x = (Ex){e, NULL, NULL, NULL, NULL};
+    if ((x->keep = PyList_New(0)) == NULL || (x->ctx_cls = kit(e, "_Ctx")) == NULL ||
+        (x->free_cls = kit(e, "_CtxFree")) == NULL)
+        return -1;
+    if ((x->tl_objs = PyMem_Calloc((size_t)(e->ntl + 1), sizeof(PyObject *))) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+void ex_end(Ex *x) {
+    PyMem_Free(x->tl_objs);
+    x->tl_objs = NULL;
+    Py_CLEAR(x->keep);
 }
 
 static PyObject *tid_or_none(Ex *x, int i) {
@@ -145,7 +170,8 @@ static PyObject *ivl_out(const IVL *l) {
 static PyObject *input_out(Ex *x, GInput *inp) {
     if (inp->out != NULL)
         return inp->out;
-    PyObject *o = PyObject_CallOneArg(kit(x->e, "_GraphInput"), inp->storage);
+    PyObject *cls = kit(x->e, "_GraphInput");
+    PyObject *o = cls ? PyObject_CallOneArg(cls, inp->storage) : NULL;
     if (o == NULL)
         return NULL;
     int rc = PyList_Append(x->keep, o);
@@ -359,7 +385,11 @@ static int export_shadows(Ex *x, PyObject *c) {
             }
             PyList_SET_ITEM(states, k, st);
         }
-        if (set_attr_new(o, "bounds", bounds) < 0 || set_attr_new(o, "states", states) < 0)
+        if (set_attr_new(o, "bounds", bounds) < 0) {
+            Py_DECREF(states);
+            return -1;
+        }
+        if (set_attr_new(o, "states", states) < 0)
             return -1;
     }
     return 0;
@@ -373,8 +403,8 @@ static int export_graphs(Ex *x, PyObject *c) {
         return -1;
     }
     Py_DECREF(graphs);
-    PyObject *cls = kit(e, "_Graph"), *rcls = kit(e, "_Replay");
-    if (cls == NULL || rcls == NULL)
+    PyObject *cls = kit(e, "_Graph"), *rcls = cls ? kit(e, "_Replay") : NULL;
+    if (rcls == NULL)
         return -1;
     int64_t key;
     void *val;
@@ -463,7 +493,6 @@ static int export_rest(Ex *x, PyObject *c) {
     for (int k = 0; k < e->nunsited; k++)
         if (PyList_Append(unsited, e->unsited[k]) < 0)
             goto done;
-    PyObject *order = PyLong_FromLongLong(e->name_order), *seq = PyLong_FromLongLong(e->seq);
     if (PyObject_SetAttrString(c, "_records", records) < 0 ||
         PyObject_SetAttrString(c, "_allocs", allocs) < 0 ||
         PyObject_SetAttrString(c, "_sites", sites) < 0 ||
@@ -471,7 +500,8 @@ static int export_rest(Ex *x, PyObject *c) {
         PyObject_SetAttrString(c, "_unsited", unsited) < 0 ||
         PyObject_SetAttrString(c, "_names", e->names) < 0 ||
         PyObject_SetAttrString(c, "_tolerant", e->tolerant) < 0 ||
-        set_attr_new(c, "_name_order", order) < 0 || set_attr_new(c, "_seq", seq) < 0)
+        set_attr_new(c, "_name_order", PyLong_FromLongLong(e->name_order)) < 0 ||
+        set_attr_new(c, "_seq", PyLong_FromLongLong(e->seq)) < 0)
         goto done;
     rc = 0;
 done:
@@ -486,13 +516,8 @@ done:
 /* export(checker): fill a new Python Checker with this state: 0, or -1 with an exception; the
    engine is done after it */
 int export_checker(Engine *e, PyObject *c) {
-    Ex x = {e, PyList_New(0), NULL, kit(e, "_Ctx"), kit(e, "_CtxFree")};
-    if (x.keep == NULL || x.ctx_cls == NULL || x.free_cls == NULL) {
-        Py_XDECREF(x.keep);
-        return -1;
-    }
-    x.tl_objs = PyMem_Calloc((size_t)(e->ntl + 1), sizeof(PyObject *));
-    int rc = x.tl_objs == NULL ? (PyErr_NoMemory(), -1) : 0;
+    Ex x;
+    int rc = ex_begin(&x, e);
     if (rc == 0)
         rc = export_timelines(&x, c);
     if (rc == 0)
@@ -517,8 +542,7 @@ int export_checker(Engine *e, PyObject *c) {
         else
             Py_XDECREF(open);
     }
-    PyMem_Free(x.tl_objs);
-    Py_DECREF(x.keep);
+    ex_end(&x);
     e->done = 1;        /* also after a failed export: the records' export cache is stale */
     return rc;
 }

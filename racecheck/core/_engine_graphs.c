@@ -107,6 +107,41 @@ static int readers_add(Engine *e, int64_t st, int64_t g, GInput *inp) {
     return 0;
 }
 
+/* Per storage, the bytes a graph's captured ops wrote so far (on_capture) */
+typedef struct {
+    int64_t st;
+    IVL w;
+} MadeBy;
+
+typedef struct {
+    MadeBy *v;
+    int n, cap;
+} Made;
+
+static IVL *made_get(Made *m, int64_t st) {
+    for (int k = 0; k < m->n; k++)
+        if (m->v[k].st == st)
+            return &m->v[k].w;
+    return NULL;
+}
+
+static IVL *made_add(Made *m, int64_t st) {
+    IVL *w = made_get(m, st);
+    if (w != NULL)
+        return w;
+    if (RESERVE(m->v, m->cap, m->n + 1, 4) < 0)
+        return NULL;
+    m->v[m->n] = (MadeBy){st, {NULL, 0, 0}};
+    return &m->v[m->n++].w;
+}
+
+static void made_free(Made *m) {
+    for (int k = 0; k < m->n; k++)
+        ivl_free(&m->v[k].w);
+    PyMem_Free(m->v);
+    *m = (Made){0};
+}
+
 /* Checker._on_capture */
 int on_capture(Engine *e, PyObject *ev, int64_t seq) {
     PyObject *gid = field(e, E_CAPTURE, ev, F_GRAPH), *ops = field(e, E_CAPTURE, ev, F_OPS);
@@ -134,6 +169,9 @@ int on_capture(Engine *e, PyObject *ev, int64_t seq) {
     gr->g = g;
     gr->captured = seq;
     gr->first_replay = NONE_I64;
+    /* bytes earlier captured ops write, per storage: the graph's own product, not inputs */
+    Made made = {0};
+    IVL rest = {0};
     int ok = 1;
     for (Py_ssize_t k = 0; ok == 1 && k < nops; k++) {
         PyObject *op = PyList_GET_ITEM(list, k);
@@ -149,7 +187,7 @@ int on_capture(Engine *e, PyObject *ev, int64_t seq) {
             e->nfps = e->nivs = 0;
             ok = captured_side(e, wr, &cops[k].writes, &cops[k].nwrites);
         }
-        /* the graph's inputs: reads of exact footprints */
+        /* the graph's inputs: reads of exact footprints, less what the graph made before */
         for (int m = 0; ok == 1 && m < cops[k].nreads; m++) {
             Acc *a = &cops[k].reads[m];
             PyObject *approx = fp_field(e, a->fp, P_APPROX);
@@ -160,16 +198,36 @@ int on_capture(Engine *e, PyObject *ev, int64_t seq) {
             }
             if (t)
                 continue;
+            const IVL *own = made_get(&made, a->st);
+            if (own != NULL) {
+                rest.n = 0;
+                for (int q = 0; q < a->nr; q++)
+                    if (ivl_add_minus(&rest, a->r[q].lo, a->r[q].hi, own) < 0) {
+                        ok = -1;
+                        break;
+                    }
+                if (ok != 1)
+                    break;
+                if (rest.n == 0)
+                    continue;
+            }
             GInput *inp = graph_input(gr, fp_field(e, a->fp, P_STORAGE), a->st);
             if (inp == NULL) {
                 ok = -1;
                 break;
             }
-            for (int q = 0; q < a->nr; q++)
-                if (ivl_add(&inp->read, a->r[q].lo, a->r[q].hi) < 0) {
+            if (own != NULL) {
+                if (ivl_union(&inp->read, &rest) < 0) {
                     ok = -1;
                     break;
                 }
+            } else {
+                for (int q = 0; q < a->nr; q++)
+                    if (ivl_add(&inp->read, a->r[q].lo, a->r[q].hi) < 0) {
+                        ok = -1;
+                        break;
+                    }
+            }
             if (ok == 1 && (inp->nops == 0 || inp->ops[inp->nops - 1] != (int)k)) {
                 if (RESERVE(inp->ops, inp->ops_cap, inp->nops + 1, 4) < 0) {
                     ok = -1;
@@ -178,7 +236,22 @@ int on_capture(Engine *e, PyObject *ev, int64_t seq) {
                 inp->ops[inp->nops++] = (int)k;
             }
         }
+        for (int m = 0; ok == 1 && m < cops[k].nwrites; m++) {
+            Acc *a = &cops[k].writes[m];
+            IVL *own = made_add(&made, a->st);
+            if (own == NULL) {
+                ok = -1;
+                break;
+            }
+            for (int q = 0; q < a->nr; q++)
+                if (ivl_add(own, a->r[q].lo, a->r[q].hi) < 0) {
+                    ok = -1;
+                    break;
+                }
+        }
     }
+    made_free(&made);
+    ivl_free(&rest);
     if (ok != 1) {
         graph_free(gr);
         return ok;
@@ -218,10 +291,10 @@ int on_capture(Engine *e, PyObject *ev, int64_t seq) {
     }
     if (prev != NULL)
         graph_free(prev);
-    Py_INCREF(gid);
     PyObject *n = PyLong_FromSsize_t(nops);
     if (n == NULL)
         return -1;
+    Py_INCREF(gid);
     push_ctx(e, &e->tls[h], seq, K_CAPTURE, L_CAPTURE, gid, n, -1, -1);
     return 1;
 }

@@ -113,20 +113,14 @@ static int rc005_hazard(Engine *e, Shadow *sh, int a, TL *h, PyObject *rs) {
 
 /* Checker._check_rc005 for a free that opens hazards: the accesses it is unordered with, listed
    as the Python loop lists them, and the hazards the reference code makes of them on a Checker
-   given this engine's timelines (engine.py _open_hazards). A new list of _OpenFree, or NULL. */
+   given this engine's timelines (fastchecker.py _open_hazards). A new list of _OpenFree, or NULL. */
 static PyObject *open_hazards(Engine *e, PyObject *ev, int64_t seq, int h, PyObject *blk,
                               Block *bl, Shadow *sh, int a) {
     PyObject *result = NULL, *items = NULL, *view = NULL, *site = NULL, *seqo = NULL;
     char *keep = NULL;      /* timelines whose whole context window the view gets */
-    PyObject *cls = kit(e, "Checker"), *fn = kit(e, "open_hazards");
-    Ex x = {e, PyList_New(0), NULL, kit(e, "_Ctx"), kit(e, "_CtxFree")};
-    if (cls == NULL || fn == NULL || x.keep == NULL || x.ctx_cls == NULL || x.free_cls == NULL)
-        goto done;
-    if ((x.tl_objs = PyMem_Calloc((size_t)(e->ntl + 1), sizeof(PyObject *))) == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    if ((items = PyList_New(0)) == NULL)
+    PyObject *cls = kit(e, "Checker"), *fn = cls ? kit(e, "open_hazards") : NULL;
+    Ex x = {e, NULL, NULL, NULL, NULL};
+    if (fn == NULL || ex_begin(&x, e) < 0 || (items = PyList_New(0)) == NULL)
         goto done;
     if ((keep = PyMem_Calloc((size_t)e->ntl + 1, 1)) == NULL) {
         PyErr_NoMemory();
@@ -198,9 +192,8 @@ done:
         for (int m = 0; m < sg->nr; m++)
             sg->r[m].rec->out = NULL;
     }
-    PyMem_Free(x.tl_objs);
+    ex_end(&x);
     PyMem_Free(keep);
-    Py_XDECREF(x.keep);
     Py_XDECREF(items);
     Py_XDECREF(view);
     Py_XDECREF(site);

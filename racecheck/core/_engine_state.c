@@ -255,6 +255,22 @@ int ivl_subtract_nonempty(const IVL *x, const IVL *y) {
     return 0;
 }
 
+/* l ∪ ([lo, hi) less y): iv_subtract of one interval, added; 0, or -1 */
+int ivl_add_minus(IVL *l, int64_t lo, int64_t hi, const IVL *y) {
+    int64_t cur = lo;
+    for (int m = 0; m < y->n; m++) {
+        int64_t a = y->v[m].lo, b = y->v[m].hi;
+        if (b <= cur || a >= hi)
+            continue;
+        if (a > cur && ivl_add(l, cur, a) < 0)
+            return -1;
+        cur = cur > b ? cur : b;
+        if (cur >= hi)
+            break;
+    }
+    return cur < hi ? ivl_add(l, cur, hi) : 0;
+}
+
 void ivl_free(IVL *l) {
     PyMem_Free(l->v);
     l->v = NULL;

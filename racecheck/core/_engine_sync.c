@@ -2,6 +2,13 @@
    _on_host_sync), with the no-op waits RC008 reads. */
 #include "_engine.h"
 
+static void recorded_free(Recorded *r) {
+    vc_free(&r->vc);
+    Py_XDECREF(r->stack);
+    Py_XDECREF(r->event);
+    PyMem_Free(r);
+}
+
 /* Checker._remember_noop */
 static int remember_noop(TL *t, PyObject *event, int64_t seq, PyObject *stack, int host) {
     for (int k = 0; k < t->noop_n; k++) {
@@ -51,24 +58,17 @@ int on_record(Engine *e, PyObject *ev, int64_t seq) {
     }
     r->tl = s;
     r->seq = seq;
-    if (vc_copy(&r->vc, &t->vc) < 0) {
-        PyMem_Free(r);
-        return -1;
-    }
     Py_INCREF(stack);
     r->stack = stack;
     Py_INCREF(event);
     r->event = event;
     void *old;
-    if (map_put(&e->records, key, r, &old) < 0)
+    if (vc_copy(&r->vc, &t->vc) < 0 || map_put(&e->records, key, r, &old) < 0) {
+        recorded_free(r);
         return -1;
-    if (old != NULL) {
-        Recorded *o = old;
-        vc_free(&o->vc);
-        Py_XDECREF(o->stack);
-        Py_XDECREF(o->event);
-        PyMem_Free(o);
     }
+    if (old != NULL)
+        recorded_free(old);
     Py_INCREF(event);
     push_ctx(e, t, seq, K_RECORD, L_RECORD, event, NULL, -1, -1);
     return 1;
@@ -192,12 +192,7 @@ int on_host_sync(Engine *e, PyObject *ev, int64_t seq) {
 void records_free(Engine *e) {
     int64_t key;
     void *val;
-    MAP_EACH(&e->records, key, val) {
-        Recorded *r = val;
-        vc_free(&r->vc);
-        Py_XDECREF(r->stack);
-        Py_XDECREF(r->event);
-        PyMem_Free(r);
-    }
+    MAP_EACH(&e->records, key, val)
+        recorded_free(val);
     map_free(&e->records);
 }

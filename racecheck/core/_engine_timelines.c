@@ -71,7 +71,8 @@ void ctx_clear(CtxEnt *e) {
 
 /* A new timeline for tid (Checker._new_host / _new_stream); its index, or -1 on error. */
 int tl_new(Engine *e, PyObject *tid, int64_t ti, int is_host) {
-    if (RESERVE(e->tls, e->tl_cap, e->ntl + 1, 8) < 0)
+    if (RESERVE(e->tls, e->tl_cap, e->ntl + 1, 8) < 0 ||
+        (!is_host && RESERVE(e->streams, e->streams_cap, e->nstreams + 1, 8) < 0))
         return -1;
     int i = e->ntl;
     TL *t = &e->tls[i];
@@ -80,33 +81,32 @@ int tl_new(Engine *e, PyObject *tid, int64_t ti, int is_host) {
     t->jv = -1;
     t->is_host = is_host;
     t->tid_i = ti;
-    if (e->window > 0) {
-        t->ctx = PyMem_Calloc((size_t)e->window, sizeof(CtxEnt));
-        if (t->ctx == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
+    if (e->window > 0 && (t->ctx = PyMem_Calloc((size_t)e->window, sizeof(CtxEnt))) == NULL) {
+        PyErr_NoMemory();
+        goto fail;
     }
     if (is_host) {
         if (e->main >= 0 && vc_copy(&t->vc, &e->tls[e->main].vc) < 0)
-            return -1;
+            goto fail;
         if (!(i < t->vc.n && t->vc.has[i]) && vc_set(&t->vc, i, 0) < 0)
-            return -1;
-    } else {
-        if (vc_set(&t->vc, i, 0) < 0)
-            return -1;
-        if (RESERVE(e->streams, e->streams_cap, e->nstreams + 1, 8) < 0)
-            return -1;
-        e->streams[e->nstreams++] = i;
+            goto fail;
+    } else if (vc_set(&t->vc, i, 0) < 0) {
+        goto fail;
     }
     if (map_put(&e->tl_of, ti, (void *)(intptr_t)(i + 1), NULL) < 0)
-        return -1;
+        goto fail;
+    if (!is_host)
+        e->streams[e->nstreams++] = i;
     Py_INCREF(tid);
     t->tid = tid;
     e->ntl++;
     if (is_host && e->main < 0)
         e->main = i;
     return i;
+fail:       /* nothing of the timeline stays: it is not counted in ntl */
+    PyMem_Free(t->ctx);
+    vc_free(&t->vc);
+    return -1;
 }
 
 /* _join_launch where the host's clock changed since the stream last joined it: 0 / -1 */

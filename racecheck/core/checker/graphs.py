@@ -25,19 +25,34 @@ class Graphs:
                 if lst:
                     lst[:] = [(g2, x) for g2, x in lst if x is not inp]
         gr = _Graph(g, list(ev.ops), seq)
+        # Bytes an earlier captured op writes are the graph's own product in every replay, not
+        # an input the host must refresh (a runner that stages its inputs inside the graph). A
+        # covering write counts too: the bytes it may not write are then not checked.
+        made: dict = {}
         for idx, op in enumerate(gr.ops):
             for fp in op.reads:
                 if fp.approx:
                     # A covering footprint (e.g. a gather whose rows change per replay) does not
                     # say which elements a replay reads: it cannot show stale padding rows.
                     continue
+                ranges = fp.ranges
+                own = made.get(fp.storage)
+                if own:
+                    ranges = iv_subtract(ranges, own)
+                    if not ranges:
+                        continue
                 inp = gr.inputs.get(fp.storage)
                 if inp is None:
                     inp = gr.inputs[fp.storage] = _GraphInput(fp.storage)
-                for lo, hi in fp.ranges:
+                for lo, hi in ranges:
                     inp.read = iv_add(inp.read, lo, hi)
                 if not inp.ops or inp.ops[-1] != idx:
                     inp.ops.append(idx)
+            for fp in op.writes:
+                own = made.get(fp.storage, [])
+                for lo, hi in fp.ranges:
+                    own = iv_add(own, lo, hi)
+                made[fp.storage] = own
         for st, inp in gr.inputs.items():
             lst = self._readers.get(st)
             if lst is None:
