@@ -53,5 +53,38 @@ def what_ran(res) -> str:
     dropped = {s.id: (s.calls, s.dropped) for s in res.sync_sites if s.dropped}
     calls = {s.id.split(":", 1)[-1]: s.calls for s in res.sync_sites}
     known = sorted({(f.rule, f.tensor, f.place.spans if f.place else "") for f in res.known})
+    env = {k: v for k, v in os.environ.items()
+           if k.startswith(("SGLANG_", "RACECHECK_", "TRITON_", "TORCH", "CUDA", "OMP_", "PYTHON"))}
     return (f"\n  dropped (calls, dropped): {dropped}; unmatched: {res.unmatched_drops}"
-            f"\n  outputs: {res.outputs}\n  known: {known}\n  site calls: {calls}")
+            f"\n  outputs: {res.outputs}\n  known: {known}\n  environment: {env}"
+            f"\n  site calls: {calls}")
+
+
+_RUN_ALONE = """
+import json, pickle, sys
+from racecheck import scenarios
+name, variant, overrides, out = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4]
+sc = scenarios.get(name)
+res = scenarios.run(sc, sc.config(variant=variant, overrides=overrides), device="sim")
+with open(out, "wb") as fh:
+    pickle.dump(res, fh)
+"""
+
+
+def run_alone(scenario, variant=None, **overrides):
+    """`scenarios.run` on sim in a new interpreter, as `racecheck run` runs it: the engine
+    scenarios' verdicts then do not depend on what earlier tests left in this process (one
+    process running the whole suite once saw sglang seeds unflagged that every subset of the
+    suite flags; not understood yet). Returns the RunResult."""
+    import json
+    import pickle
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result.pickle")
+        p = subprocess.run([sys.executable, "-c", _RUN_ALONE, scenario, json.dumps(variant),
+                            json.dumps(overrides), out], capture_output=True, text=True,
+                           timeout=1200)
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        with open(out, "rb") as fh:
+            return pickle.load(fh)
+

@@ -13,7 +13,7 @@ import pytest
 
 from racecheck import scenarios
 
-from helpers import what_ran
+from helpers import run_alone, what_ran
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("sglang") is None or importlib.util.find_spec("triton") is None,
@@ -23,8 +23,7 @@ SC = "sglang-eagle-v2"
 
 
 def _run(variant=None, scenario=SC, **overrides):
-    sc = scenarios.get(scenario)
-    res = scenarios.run(sc, sc.config(variant=variant, overrides=overrides), device="sim")
+    res = run_alone(scenario, variant, **overrides)
     assert not res.internal_errors, res.internal_errors
     return res
 

@@ -10,9 +10,7 @@ import sys
 
 import pytest
 
-from racecheck import scenarios
-
-from helpers import what_ran
+from helpers import run_alone, what_ran
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("sglang") is None or importlib.util.find_spec("triton") is None,
@@ -23,8 +21,7 @@ RC002_ROW = ("RC002", "ReqToTokenPool.req_to_token")
 
 
 def _run(variant, **overrides):
-    sc = scenarios.get(SC)
-    res = scenarios.run(sc, sc.config(variant=variant, overrides=overrides), device="sim")
+    res = run_alone(SC, variant, **overrides)
     assert not res.internal_errors, res.internal_errors
     return res
 
