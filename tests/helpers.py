@@ -2,9 +2,12 @@
 (rule, tensor) pairs, check its saved trace again, call the command line in a fresh process."""
 from __future__ import annotations
 
+import json
 import os
+import pickle
 import subprocess
 import sys
+import tempfile
 
 import racecheck
 
@@ -48,8 +51,9 @@ def racecheck_cli(*args, cwd=None, env=None, timeout=300) -> subprocess.Complete
 
 
 def what_ran(res) -> str:
-    """What a failure message needs to tell a run that went otherwise elsewhere (a CI machine)
-    from this one: the dropped sites' calls, every site's calls, the outputs, the known races."""
+    """What a failure message needs to tell how a run on another machine (CI) differed from a
+    passing one: the dropped sites' calls, the outputs, the known races, the environment and
+    every site's calls."""
     dropped = {s.id: (s.calls, s.dropped) for s in res.sync_sites if s.dropped}
     calls = {s.id.split(":", 1)[-1]: s.calls for s in res.sync_sites}
     known = sorted({(f.rule, f.tensor, f.place.spans if f.place else "") for f in res.known})
@@ -76,9 +80,6 @@ def run_alone(scenario, variant=None, **overrides):
     scenarios' verdicts then do not depend on what earlier tests left in this process (one
     process running the whole suite once saw sglang seeds unflagged that every subset of the
     suite flags; not understood yet). Returns the RunResult."""
-    import json
-    import pickle
-    import tempfile
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.pickle")
         p = subprocess.run([sys.executable, "-c", _RUN_ALONE, scenario, json.dumps(variant),
@@ -87,4 +88,3 @@ def run_alone(scenario, variant=None, **overrides):
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
         with open(out, "rb") as fh:
             return pickle.load(fh)
-
