@@ -109,12 +109,13 @@ def main(argv=None) -> int:
         for kind, name, spec in steps:
             print(f"{kind} {name}: {json.dumps(spec)}")
         return 0
-    from gpu_sglang import Runner, install
+    from gpu_sglang import _PARENT, Runner, install
     site = install(args.bundle) if args.bundle else None
     runner = Runner(args.device, site, fork=not args.no_fork)   # keeps the racecheck it was given
     import torch
     data = {"delay_us": args.delay_us, "runs": args.runs, "graphs": args.graphs,
-            "how": runner.how, "torch": torch.__version__, "configs": [], "checked": [],
+            "how": runner.how, "parent": _PARENT, "torch": torch.__version__, "configs": [],
+            "checked": [],
             "gpu": torch.cuda.get_device_name() if args.device == "cuda" else "sim"}
     refs, rows = {}, {}
     for kind, name, spec in steps:

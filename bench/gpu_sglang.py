@@ -22,7 +22,9 @@ per configuration under cProfile, its time split by component (racecheck's check
 interception, sglang, torch, Triton).
 
 BUNDLE (a GPU machine without a package index): `sglang.txz` (or .tgz: sglang's Python sources
-and its dist-info) and `wheels/` (its light dependencies), installed into BUNDLE/site, which goes
+and its dist-info) and `wheels/` (its light dependencies, and nvidia-ml-py: with NVML the parent
+names the GPU without initializing CUDA, so runs can fork; the JSON's `parent` says what
+happened), installed into BUNDLE/site, which goes
 first on the path; the racecheck this process was given (PYTHONPATH, with its C code built)
 next; the source tree last. Writes OUT/gpu_sglang.json and prints a table.
 """
@@ -215,6 +217,27 @@ def components(profiler) -> dict:
 
 # -- the parent: one process per run ----------------------------------------------------------
 
+_PARENT: dict = {}          # why the parent's import could (not) be forked from: in the JSON
+
+
+@contextlib.contextmanager
+def _first_cuda_init(torch):
+    """Where CUDA was first initialized while the parent imported sglang (the stack), if it
+    was: what to fix so that runs can fork."""
+    original = torch.cuda._lazy_init
+
+    def noted():
+        if "cuda_init" not in _PARENT and not torch.cuda.is_initialized():
+            import traceback
+            _PARENT["cuda_init"] = [ln.strip() for ln in traceback.format_stack(limit=12)[:-1]]
+        return original()
+    torch.cuda._lazy_init = noted
+    try:
+        yield
+    finally:
+        torch.cuda._lazy_init = original
+
+
 @contextlib.contextmanager
 def _name_without_cuda_init(torch, device: str):
     """sglang's platform discovery asks for the device's name at import
@@ -226,9 +249,11 @@ def _name_without_cuda_init(torch, device: str):
     try:
         import pynvml
         pynvml.nvmlInit()
-    except Exception:                       # noqa: BLE001 - no NVML: CUDA is initialized
+    except Exception as exc:                # noqa: BLE001 - no NVML: CUDA is initialized
+        _PARENT["nvml"] = f"unavailable ({type(exc).__name__}: {exc}); put nvidia-ml-py in wheels/"
         yield
         return
+    _PARENT["nvml"] = "used"
 
     def name(dev=None):
         index = getattr(dev, "index", dev)
@@ -262,7 +287,7 @@ class Runner:
             import torch
 
             from racecheck.scenarios.sglang.engine_run import import_sglang
-            with _name_without_cuda_init(torch, device):
+            with _name_without_cuda_init(torch, device), _first_cuda_init(torch):
                 import_sglang(gpu=device != "sim")
             self.import_s = time.perf_counter() - t0
             if device == "sim" or not torch.cuda.is_initialized():
@@ -410,12 +435,12 @@ def main(argv=None) -> int:
                                          "process_s", "findings", "error") if k in got}
         print(f"@@ {c['name']} {json.dumps(brief)[:500]}", flush=True)
         with open(os.path.join(args.out, "gpu_sglang.json"), "w") as fh:   # so far
-            json.dump(dict(data, raw=rows, how=runner.how, fork_error=runner.fork_error), fh,
-                      default=str)
+            json.dump(dict(data, raw=rows, how=runner.how, fork_error=runner.fork_error,
+                           parent=_PARENT), fh, default=str)
     for c in configs:
         data["configs"].append(summarize(c, rows.get(c["name"], [])))
     data["raw"] = rows
-    data["how"], data["fork_error"] = runner.how, runner.fork_error
+    data["how"], data["fork_error"], data["parent"] = runner.how, runner.fork_error, _PARENT
     with open(os.path.join(args.out, "gpu_sglang.json"), "w") as fh:
         json.dump(data, fh, indent=1, default=str)
     print(table(data))
