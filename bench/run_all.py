@@ -8,6 +8,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CPU_BENCHES = ["bench_interception.py", "bench_checker.py", "bench_fuzz.py", "bench_scaling.py",
+               "bench_triton_interpreter.py",
                "sim_profile.py", "bench_sglang.py"]
 
 

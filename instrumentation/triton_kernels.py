@@ -522,6 +522,34 @@ def _tensors(v):
             yield base
 
 
+BUILTINS_ONCE = True        # bench/bench_triton_interpreter.py compares with Triton's own scan
+
+
+def _builtins_scanned_once(orig):
+    """Triton's interpreter finds the builtins of `triton.language` (and its tensor classes) by
+    scanning them (`inspect.getmembers`) at every launch and at every nested `@triton.jit` call,
+    to swap in their interpreted versions: a tenth of the real engine's loop on sim
+    (bench/bench_triton_interpreter.py). The builtins a module or class defines do not change, so each is scanned once, at a
+    launch (nothing swapped in yet), and later calls swap in the names found then."""
+    from triton.language import core
+    from triton.runtime import interpreter
+    scanned: dict = {}          # id(module or class) -> (it, its builtins' names)
+
+    def patch_builtin(pkg, builder, scope):
+        got = scanned.get(id(pkg))
+        if got is None or got[0] is not pkg:
+            names = tuple(name for name, member in inspect.getmembers(pkg)
+                          if core.is_builtin(member))
+            if not names:               # already swapped in: nothing to learn from this scan
+                return orig(pkg, builder, scope)
+            got = scanned[id(pkg)] = (pkg, names)
+        for name in got[1]:
+            member = getattr(pkg, name)
+            if core.is_builtin(member):
+                interpreter._patch_attr(pkg, name, member, builder, scope)
+    return patch_builtin
+
+
 class TritonHook:
     """Patches Triton's launch entry points for one session (see the module docstring)."""
 
@@ -554,6 +582,11 @@ class TritonHook:
             self._patch(autotuner.Autotuner, "_bench", lambda orig: _no_benchmark)
             for name, kind in _MEMORY_OPS.items():
                 self._patch(InterpreterBuilder, name, lambda orig, kind=kind: _logged(orig, kind))
+            if BUILTINS_ONCE:
+                from triton.runtime import interpreter
+                if callable(interpreter.__dict__.get("_patch_builtin")) and \
+                        callable(interpreter.__dict__.get("_patch_attr")):
+                    self._patch(interpreter, "_patch_builtin", _builtins_scanned_once)
 
     def _patch(self, owner, name, make) -> None:
         orig = owner.__dict__[name]
