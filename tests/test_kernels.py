@@ -377,3 +377,27 @@ def test_a_queued_kernel_keeps_what_it_reaches_through_pointer_tables():
     assert got == [float(i) for i in range(64)]
     assert len(churn) == 64 and rc.findings == [] and ex.faults == []
     assert ex.stats["early_frees"] >= 1          # the drop was reported where it happened
+
+
+def test_the_interpreter_scans_triton_language_once_per_session(monkeypatch):
+    """Triton's interpreter looks for builtins at every launch and nested @jit call; under the
+    session each module or class is scanned once, results stay right, and after the session
+    the interpreter is Triton's own again."""
+    import inspect
+
+    from triton.runtime import interpreter
+    own = interpreter._patch_builtin
+    scans = []
+    real = inspect.getmembers
+    monkeypatch.setattr(inspect, "getmembers", lambda obj, *a: scans.append(obj) or real(obj, *a))
+    x = torch.arange(64, dtype=torch.float32)
+    idx = torch.arange(63, -1, -1, dtype=torch.int64)
+    with racecheck.session(device="sim"):
+        for _ in range(3):
+            out = torch.zeros(64)
+            gather_scale[(4,)](x, out, idx, 64, BLOCK=16)      # a nested helper per program
+            assert torch.equal(out, x.flip(0) * 2)
+    seen = [s for s in scans if s in (tl, tl.core, tl.math, tl.tensor, tl.core.tensor_descriptor_base)]
+    assert len(seen) == len(set(map(id, seen))), "a module or class scanned twice"
+    assert interpreter._patch_builtin is own
+    assert all(tl.core.is_builtin(getattr(tl, n)) for n in ("load", "store", "arange"))
