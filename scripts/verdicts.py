@@ -4,6 +4,13 @@
     python scripts/verdicts.py snapshot after.json       # on the new tree
     python scripts/verdicts.py compare before.json after.json
     python scripts/verdicts.py snapshot --gc-off out.json   # cyclic garbage collection off
+    python scripts/verdicts.py snapshot --no-engines out.json   # scenarios that run an installed
+                                                                # engine (sglang) left out
+    python scripts/verdicts.py compare --loose before.json after.json
+
+`--loose` compares what a change of file layout or of the JSON form leaves alone: line numbers
+in locations and stacks, fingerprints (made from locations) and fields only the newer snapshot
+has are not compared; rules, tensors, streams, kinds, ops, functions and counts are.
 
 Workloads whose tensors sit in reference cycles (sglang's objects) see those storages die when
 Python's cyclic garbage collector runs, which depends on how many objects everything in the
@@ -19,10 +26,12 @@ trace saved as JSON lines and re-checked offline. Findings are compared field by
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import gc
 import json
 import os
+import re
 import sys
 import tempfile
 
@@ -73,13 +82,15 @@ def _cases() -> dict:
 PLAN = {"priorities": {"#1": 5, "#2": 4, "#3": 3}, "host": 2, "change_points": [15, 60]}
 
 
-def _scenarios() -> dict:
+def _scenarios(engines: bool = True) -> dict:
     from racecheck import scenarios
     from racecheck.instrumentation.adversarial import AdversarialExecutor
 
     out = {}
     for name in scenarios.names():
         sc = scenarios.get(name)
+        if not engines and getattr(sc, "engine_version", None) is not None:
+            continue
         for variant in [None, *sc.variants]:
             cfg = sc.config(variant=variant)
             label = f"{name}/{variant or 'all-fixes'}"
@@ -93,34 +104,65 @@ def _scenarios() -> dict:
     return out
 
 
-def snapshot(path: str) -> None:
-    data = {**_cases(), **_scenarios()}
+def snapshot(path: str, engines: bool = True) -> None:
+    data = {**_cases(), **_scenarios(engines)}
     with open(path, "w") as fp:
         json.dump(data, fp, indent=1, sort_keys=True)
     print(f"{len(data)} workloads, {sum(len(v) for v in data.values())} findings -> {path}")
 
 
-def compare(a: str, b: str) -> int:
+def _loose(old_finding: dict, new_finding: dict) -> tuple:
+    """Both findings as `--loose` compares them: the older one's fields, no fingerprint, no
+    line numbers."""
+    keys = [k for k in old_finding if k != "fingerprint"]
+
+    def strip(f):
+        return json.loads(re.sub(r"\.py:\d+", ".py:N", json.dumps({k: f.get(k) for k in keys})))
+    return strip(old_finding), strip(new_finding)
+
+
+def compare(a: str, b: str, loose: bool = False) -> int:
     with open(a) as fp:
         old = json.load(fp)
     with open(b) as fp:
         new = json.load(fp)
     bad = 0
     for key in sorted(set(old) | set(new)):
-        if old.get(key) != new.get(key):
+        x, y = old.get(key), new.get(key)
+        if loose and x is not None and y is not None and len(x) == len(y):
+            same = all(p == q for p, q in (_loose(f, g) for f, g in zip(x, y)))
+        else:
+            same = x == y
+        if not same:
             bad += 1
             print(f"DIFFERENT: {key}")
-    print(f"{len(old)} vs {len(new)} workloads; {bad} differ")
+    print(f"{len(old)} vs {len(new)} workloads, {sum(map(len, old.values()))} vs "
+          f"{sum(map(len, new.values()))} findings; {bad} differ"
+          + (" (loose: line numbers, fingerprints and added fields not compared)" if loose else ""))
     return 1 if bad else 0
 
 
+def main(argv=None) -> int:
+    global GC_OFF
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    snap = sub.add_parser("snapshot", help="write every verdict to a JSON file")
+    snap.add_argument("out")
+    snap.add_argument("--gc-off", action="store_true", help="cyclic garbage collection off")
+    snap.add_argument("--no-engines", action="store_true",
+                      help="leave out the scenarios that run an installed engine (sglang)")
+    cmp = sub.add_parser("compare", help="compare two snapshots (exit 1 if any workload differs)")
+    cmp.add_argument("before")
+    cmp.add_argument("after")
+    cmp.add_argument("--loose", action="store_true",
+                     help="ignore line numbers, fingerprints and fields only the newer one has")
+    args = ap.parse_args(argv)
+    if args.command == "snapshot":
+        GC_OFF = args.gc_off
+        snapshot(args.out, engines=not args.no_engines)
+        return 0
+    return compare(args.before, args.after, args.loose)
+
+
 if __name__ == "__main__":
-    if "--gc-off" in sys.argv:
-        sys.argv.remove("--gc-off")
-        GC_OFF = True
-    if len(sys.argv) == 3 and sys.argv[1] == "snapshot":
-        snapshot(sys.argv[2])
-    elif len(sys.argv) == 4 and sys.argv[1] == "compare":
-        sys.exit(compare(sys.argv[2], sys.argv[3]))
-    else:
-        sys.exit(__doc__)
+    sys.exit(main())
