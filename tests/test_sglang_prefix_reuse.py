@@ -1,6 +1,6 @@
-"""sglang without the WAR barrier (its default on ROCm and Ascend): a finished request's
-`req_to_token` row is handed to a newly admitted request on the schedule stream while a forward
-launched before the finish was known may still read the row (docs/FINDINGS.md).
+"""sglang without the WAR barrier (its default on ROCm and Ascend): the schedule stream rewrites
+`req_to_token` rows (the radix cache repointing a request's row at its slots) while a forward
+launched before may still read them (docs/FINDINGS.md).
 
 Run through sglang's own front door. Needs sglang and triton.
 """

@@ -32,9 +32,8 @@ SITE_WAR_BARRIER = "sglang.srt.managers.scheduler:Scheduler._apply_war_barrier:w
 # 4, then 4, 5 past the largest bucket, then down to 1), in few loop iterations: every iteration
 # runs sglang's Triton kernels in the CPU interpreter.
 DEFAULT_ARRIVALS = "0:3x5;0:1x2;2:2x3;3:1x2"
-# Requests with a 12-token shared prefix join while a short one finishes: a finished request's
-# req_to_token row goes to the next request admitted, while the forward launched before the
-# finish was known may still read the row for its KV write locations.
+# Requests with a 12-token shared prefix join while a short one finishes, so rows are handed on
+# and the radix cache repoints running requests' rows at its slots while forwards still read them.
 PREFIX_REUSE = {"topk": 1, "prefix_len": 12, "graphs": False,
                 "arrivals": "0:1x6+14;3:1x8+3;8:1x4+14;12:1x4+14"}
 
@@ -140,11 +139,11 @@ VARIANTS = [
             drop_sync=(SITE_PUBLISH_WAIT,)),
     Variant("rocm-prefix-reuse", dict(PREFIX_REUSE, flavour="hip"),
             [("RC002", "ReqToTokenPool.req_to_token")],
-            "sglang as shipped for ROCm (no WAR barrier) on a workload that reuses a finished "
-            "request's req_to_token row for a request with a longer cached prefix: the forward "
-            "still reading the row for its KV write locations is unordered with the schedule "
-            "stream's write_cache_indices. Under a schedule-first order (`--plan`, "
-            "docs/FINDINGS.md) its verify writes land in the shared prefix's KV slots",
+            "sglang as shipped for ROCm (no WAR barrier) on a workload whose requests share a "
+            "cached prefix while others finish: the radix cache repoints a request's "
+            "req_to_token row on the schedule stream while the forward still reads the row. "
+            "Through sglang's own loop no wrong value has followed, on sim or on a GPU "
+            "(docs/FINDINGS.md)",
             also=[("RC001", "*.seq_lens")]),
     Variant("no-war_barrier", dict(PREFIX_REUSE), [("RC002", "ReqToTokenPool.req_to_token")],
             "the same workload on the cuda flavour without Scheduler._apply_war_barrier's "
