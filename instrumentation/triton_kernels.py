@@ -529,8 +529,9 @@ def _builtins_scanned_once(orig):
     """Triton's interpreter finds the builtins of `triton.language` (and its tensor classes) by
     scanning them (`inspect.getmembers`) at every launch and at every nested `@triton.jit` call,
     to swap in their interpreted versions: a tenth of the real engine's loop on sim
-    (bench/bench_triton_interpreter.py). The builtins a module or class defines do not change, so each is scanned once, at a
-    launch (nothing swapped in yet), and later calls swap in the names found then."""
+    (bench/bench_triton_interpreter.py). The builtins a module or class defines do not change,
+    so each is scanned once, at a launch (nothing swapped in yet), and later calls swap in the
+    names found then."""
     from triton.language import core
     from triton.runtime import interpreter
     scanned: dict = {}          # id(module or class) -> (it, its builtins' names)
