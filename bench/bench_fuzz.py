@@ -37,8 +37,9 @@ def _requests(schedule: str) -> int:
 def run_one(scenario, variant, seed, budget, replays):
     from racecheck import scenarios
     from racecheck.drivers.fuzz import FuzzTarget, Fuzzer, load_record, open_database, replay
+    from racecheck.drivers.fuzz.keys import expected_key
     sc = scenarios.get(scenario)
-    wanted = {f"{r} {t}" for r, t in sc.variant(variant).expected}
+    wanted = {expected_key(r, t) for r, t in sc.variant(variant).expected}
     target = FuzzTarget(scenario, variant)
     with tempfile.TemporaryDirectory() as tmp:
         db = open_database(os.path.join(tmp, "db"))           # cold database

@@ -145,10 +145,10 @@ def test_a_dropped_verify_plan_wait_is_found_shrunk_and_confirmed_on_a_fresh_eng
                     first_only=True).run()
     assert report.failures, report
     [(key, found)] = report.failures.items()
-    rule, _, tensor = key.partition(" ")
+    rec = json.loads(open(found.path).read())
+    rule, tensor = rec["failure"]["rule"], rec["failure"]["tensor"]
     assert any(rule == r and fnmatch.fnmatchcase(tensor, t) for r, t in expected), key
     assert found.outcome.engine.startswith("fresh: confirmed on a fresh engine"), found.outcome.engine
-    rec = json.loads(open(found.path).read())
     assert rec["search"]["engine"].startswith("fresh: confirmed on a fresh engine")
     assert rec["config"]["drop_sync"] == SITE_VERIFY_PLAN_WAIT and rec["config"]["graphs"] is True
     assert report.engines["confirmations"]["confirmed"] >= 1

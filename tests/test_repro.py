@@ -127,3 +127,23 @@ def test_finding_keys_of_unnamed_tensors_do_not_carry_storage_numbers():
     acc = Access(op="add_", stream="s", kind="read", location="x.py:3")
     f = Finding("RC001", "unnamed tensor (storage #12, bytes 0..7)", acc, acc, "")
     assert finding_key(f) == "RC001 unnamed@x.py:3"
+    f = Finding("RC001", "unnamed tensor (first used by empty at eagle.py:322; bytes 0..31)", acc, acc, "")
+    assert finding_key(f) == "RC001 unnamed@x.py:3"
+
+
+def test_one_race_is_one_failure_whichever_name_its_tensor_got():
+    """A holder's name and the creating statement's name of one tensor give one key (which of
+    them a finding carries depends on the views alive when it is made); other identifiers, and
+    names of another shape, stay apart."""
+    from racecheck.core.findings import Access, Finding
+    acc = Access(op="add_", stream="s", kind="read", location="x.py:3")
+
+    def key(tensor, rule="RC001"):
+        return finding_key(Finding(rule, tensor, acc, acc, ""))
+    assert key("KVLocPlan.seq_lens") == key("resolve_seq_lens_cpu: batch.seq_lens") \
+        == key("seq_lens") == key("f: self.seq_lens[0]") == "RC001 seq_lens"
+    assert key("EagleVerifyInput.custom_mask") == key("ForwardMetadata.custom_mask")
+    assert key("ForwardBatch.seq_lens") != key("ForwardBatch.seq_lens", "RC002")
+    assert key("ForwardBatch.out_cache_loc") != key("ForwardBatch.seq_lens")
+    assert key("try_small_copy(dst=...)") == "RC001 try_small_copy(dst=...)"
+    assert key("draft: returned value") == "RC001 draft: returned value"

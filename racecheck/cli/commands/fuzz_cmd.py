@@ -343,6 +343,7 @@ def _tour(args, budget) -> int:
 
     from racecheck import scenarios
     from racecheck.drivers.fuzz import Fuzzer, FuzzTarget, open_database
+    from racecheck.drivers.fuzz.keys import expected_key
 
     sc = scenarios.get(args.scenario)
     db = open_database(args.db)
@@ -386,7 +387,7 @@ def _tour(args, budget) -> int:
         left = max(budget - (time.monotonic() - t0), 0.0)
         share = max(left / (len(variants) - i), 5.0)
         rep = fuzz(v.name, share, True)
-        expected = [f"{rule} {tensor}" for rule, tensor in v.expected]
+        expected = [expected_key(rule, tensor) for rule, tensor in v.expected]
         hits = [k for k in rep.failures if k in expected] or sorted(rep.failures)
         if hits:
             f = rep.failures[hits[0]]
