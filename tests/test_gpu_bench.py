@@ -29,6 +29,7 @@ def test_every_config_is_one_engine_per_run_and_valid():
         scenarios.get(c["scenario"]).config(overrides=c["set"])
     for _, _, spec in gpu_prefix_reuse.plan(runs=1, delay_us=100, graphs=False):
         scenarios.get(spec["scenario"]).config(overrides=spec["set"])
+        assert "drop_sync" not in spec["set"], spec     # dropping sites is a sim-only knob
 
 
 def test_summary_ratios_and_differing_outputs():
