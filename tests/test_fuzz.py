@@ -60,6 +60,25 @@ def test_every_distinct_failure_is_shrunk_and_saved(tmp_path):
     assert rep.failures["RC004 h"].example["config"]["event_fix"] is True
 
 
+def test_no_example_runs_in_full_twice():
+    """Hypothesis ends every failure with a final replay of its minimal example; an example that
+    already ran in full (found and not shrunk further, here all of them: the knobs are fixed at
+    the smallest run) gives its outcome again rather than running the engine a second time."""
+    target = FuzzTarget("toy-pipeline", "no-event_fix",
+                        fixed={"iterations": 1, "schedule": "0:+1"})
+    runs = []
+    real_run = target.run
+
+    def counting_run(example):
+        runs.append(json.dumps(example, sort_keys=True))
+        return real_run(example)
+    target.run = counting_run
+    rep = Fuzzer(target, database=None, findings_dir=None, budget_s=5.0, seed=1,
+                 first_only=True).run()
+    assert rep.failures and runs
+    assert len(runs) == len(set(runs)), "an example ran in full twice"
+
+
 def test_a_wrong_value_is_found_with_the_plan_that_shows_it(tmp_path):
     rep, _ = _fuzz(tmp=tmp_path, budget_s=20.0, seed=2, stop_when={"DIFF acc"})
     ff = rep.failures["DIFF acc"]

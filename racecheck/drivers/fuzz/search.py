@@ -30,6 +30,8 @@ depend on the order, and the final replay runs the example's own plan.
 Budget: Hypothesis has no wall-clock limit. Once the budget is spent, a run with nothing to
 shrink ends at once (a skip exception, which Hypothesis passes through untouched); shrinking gets
 a grace period (half the budget, 5 to 30 s) so that a late find still leaves a minimal repro.
+Hypothesis's final replay of a failure's minimal example reuses that example's outcome when it
+already ran in full (`_RecentOutcomes`), so a failure found late costs no second engine run.
 """
 from __future__ import annotations
 
@@ -207,6 +209,28 @@ class _BudgetSpent(unittest.SkipTest):
     skip exceptions through untouched; nothing is saved to or deleted from the database)."""
 
 
+class _RecentOutcomes:
+    """The outcomes of the last few full runs, by the example's choice sequence. Hypothesis
+    ends a failure with a final replay of its minimal example; when that example already ran in
+    full (found and not shrunk further, or a shrink step that ran the plan), its outcome is
+    reused instead of running the engine again: an engine example can cost a minute, and on
+    the real engine a failure's replay would also be confirmed on a fresh engine a second time."""
+
+    def __init__(self, size: int = 8):
+        self.size = size
+        self._items: dict = {}
+
+    def get(self, choices):
+        return self._items.get(tuple(choices))
+
+    def put(self, choices, outcome) -> None:
+        key = tuple(choices)
+        self._items.pop(key, None)
+        self._items[key] = outcome
+        while len(self._items) > self.size:
+            del self._items[next(iter(self._items))]
+
+
 class Fuzzer:
     """Runs the fuzz loop for one target in this process."""
 
@@ -240,6 +264,7 @@ class Fuzzer:
         self._t0 = 0.0
         self._deadline = None
         self._last_progress = 0.0
+        self._full_runs = _RecentOutcomes()
 
     # -- limits ------------------------------------------------------------------------------------
     def _out_of_budget(self, phase: str) -> bool:
@@ -294,17 +319,20 @@ class Fuzzer:
                 if phase == "generate":
                     raise _BudgetSpent()
                 return
-            try:
-                if phase == "shrink" and all(failure_kind(k) == "finding" for k in raised):
-                    # Findings are the same in every order: shrink a detector failure on fast
-                    # issue-order runs (the final replay runs the example's own plan again).
-                    outcome = target.run_detector_only(example)
-                else:
-                    outcome = target.run(example)
-            except UsageError:
-                reject()                 # a knob combination the scenario does not accept
             choices = hyp.choices()
-            self._count(outcome, phase, choices, example)
+            outcome = self._full_runs.get(choices) if final else None
+            if outcome is None:
+                try:
+                    if phase == "shrink" and all(failure_kind(k) == "finding" for k in raised):
+                        # Findings are the same in every order: shrink a detector failure on
+                        # fast issue-order runs (the final replay runs the example's own plan).
+                        outcome = target.run_detector_only(example)
+                    else:
+                        outcome = target.run(example)
+                        self._full_runs.put(choices, outcome)
+                except UsageError:
+                    reject()             # a knob combination the scenario does not accept
+                self._count(outcome, phase, choices, example)
             if want is not None:
                 key = want if want in outcome.keys else None
             else:
