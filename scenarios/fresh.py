@@ -7,8 +7,10 @@ happens in a child forked from this process, which itself never builds the engin
 cheap (the engine's modules are already imported), and the child's process-wide state is the
 parent's: fresh.
 
-Only on sim: a process that has initialized CUDA cannot fork safely; a GPU run is one engine in
-the `racecheck run` process.
+On a GPU a child is a new interpreter instead (`spawn`): a process that has initialized CUDA
+cannot fork, and sglang's own import initializes it (its Triton helpers ask the driver for the
+current device at module level), so no warmed parent can serve as a template. Each run then pays
+the imports; the scenario crosses over by name (`Scenario` objects hold lambdas).
 
 The engine itself is imported in each child, inside the run's session, because what it binds at
 import (platform probes, cached device lookups, names taken from `torch.cuda`) must be what the
@@ -32,14 +34,41 @@ class EngineProcessDied(RuntimeError):
     """The child running the engine ended without a result (a crash in native code)."""
 
 
+def mode(sc, device: str) -> str | None:
+    """How a run of `sc` on `device` gets its own process: "fork" (sim: a child of this warmed
+    process), "spawn" (a GPU, or no fork: a new interpreter) or None (the scenario runs here)."""
+    if not getattr(sc, "fresh_process", False):
+        return None
+    return "fork" if device == "sim" and hasattr(os, "fork") and not _cuda_initialized() \
+        else "spawn"
+
+
+def _cuda_initialized() -> bool:
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.cuda.is_initialized())
+    except Exception:           # noqa: BLE001 - a torch without CUDA
+        return False
+
+
 def available(sc, device: str) -> bool:
-    return bool(getattr(sc, "fresh_process", False)) and device == "sim" and hasattr(os, "fork")
+    """Whether runs of `sc` on `device` are forked from this warmed process."""
+    return mode(sc, device) == "fork"
 
 
 def run(sc, fn, *args, **kwargs):
     """`fn(*args, **kwargs)` in a child forked from this process, warmed for `sc` first."""
     warm(sc)
     return call(fn, *args, **kwargs)
+
+
+def start_for(sc, device: str, fn, *args, **kwargs):
+    """`start` (a forked child, this process warmed first) or `spawn` (a new interpreter), as
+    `mode(sc, device)` says; a Pending either way."""
+    if mode(sc, device) == "fork":
+        warm(sc)
+        return start(fn, *args, **kwargs)
+    return spawn(fn, *args, **kwargs)
 
 
 def warm(sc) -> float:
@@ -183,6 +212,94 @@ def start(fn, *args, **kwargs) -> Pending:
             os._exit(code)
     os.close(write)
     return Pending(pid, read)
+
+
+# -- a new interpreter (GPUs) ----------------------------------------------------------------------
+
+class _ScenarioByName:
+    """A `Scenario` argument sent to a spawned child: the child looks it up by name."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+
+def _to_child(value):
+    from .registry import Scenario
+    return _ScenarioByName(value.name) if isinstance(value, Scenario) else value
+
+
+def _in_child(value):
+    if isinstance(value, _ScenarioByName):
+        from . import get
+        return get(value.name)
+    return value
+
+
+def _spawned_main() -> None:
+    """The new interpreter's side of `spawn`: the call arrives pickled on stdin, its result
+    leaves on the file descriptor named in argv."""
+    fd = int(sys.argv[1])
+    try:
+        fn, args, kwargs = pickle.load(sys.stdin.buffer)
+        result = (True, fn(*[_in_child(a) for a in args],
+                           **{k: _in_child(v) for k, v in kwargs.items()}))
+    except BaseException as exc:                      # noqa: BLE001 - sent to the parent
+        result = (False, exc)
+    try:
+        data = pickle.dumps(result)
+    except Exception as exc:                          # noqa: BLE001
+        data = pickle.dumps((False, RuntimeError(
+            f"the engine's process could not send its result: {exc}")))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+
+
+class SpawnPending:
+    """A new interpreter computing a value; `result()` waits for it."""
+
+    def __init__(self, proc, read: int):
+        self.proc, self._read = proc, read
+
+    def cancel(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        os.close(self._read)
+
+    def result(self):
+        with os.fdopen(self._read, "rb") as fh:
+            data = fh.read()
+        code = self.proc.wait()
+        if not data:
+            how = (f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}")
+            raise EngineProcessDied(f"the engine's process died ({how})")
+        ok, value = pickle.loads(data)
+        if not ok:
+            raise value
+        return value
+
+
+def spawn(fn, *args, **kwargs) -> SpawnPending:
+    """A new interpreter (this one's `sys.path`) that computes `fn(*args, **kwargs)`: `fn`
+    importable by name, a `Scenario` argument sent by its name. Not multiprocessing's spawn,
+    which runs the parent's main script again in the child."""
+    import subprocess
+    payload = pickle.dumps((fn, tuple(_to_child(a) for a in args),
+                            {k: _to_child(v) for k, v in kwargs.items()}))
+    read, write = os.pipe()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "from racecheck.scenarios.fresh import _spawned_main; "
+             "_spawned_main()", str(write)], stdin=subprocess.PIPE, pass_fds=(write,), env=env)
+    finally:
+        os.close(write)
+    with proc.stdin:
+        proc.stdin.write(payload)
+    return SpawnPending(proc, read)
 
 
 # -- long-lived engine processes -----------------------------------------------------------------

@@ -360,9 +360,10 @@ def reference_outputs(sc: Scenario, cfg: dict, seed: int) -> dict:
     if hit is not None:
         return hit
     from . import fresh
-    run_ref = (lambda fn, *a: fresh.run(sc, fn, *a)) if fresh.available(sc, "sim") \
-        else (lambda fn, *a: fn(*a))
-    out = run_ref(_serialized, sc, cfg, seed)
+    if fresh.mode(sc, "sim"):
+        out = fresh.start_for(sc, "sim", _serialized, sc, cfg, seed).result()
+    else:
+        out = _serialized(sc, cfg, seed)
     _remember_reference(sc, cfg, seed, out)
     return out
 
@@ -389,13 +390,16 @@ def run(sc: Scenario, cfg: dict, device: str = "sim", seed: int = 0,
     options.update(session_options or {})
     own_ref = device == "sim" and not session_options and _is_own_reference(sc, cfg)
     ref_pending = None
-    if not own_ref and fresh.available(sc, "sim") and \
+    own_process = fresh.mode(sc, device)
+    if not own_ref and own_process and \
             _REFERENCE_CACHE.get(_reference_key(sc, cfg, seed)) is None:
-        fresh.warm(sc)                 # the serialized run beside the instrumented one
-        ref_pending = fresh.start(_serialized, sc, cfg, seed)
+        # the serialized run beside the instrumented one (on a GPU both are new interpreters:
+        # this process may not fork once CUDA is initialized)
+        ref_pending = fresh.start_for(sc, device, _serialized, sc, cfg, seed)
     try:
-        if fresh.available(sc, device):
-            session = fresh.run(sc, _instrumented, sc, cfg, device, seed, options)
+        if own_process:
+            session = fresh.start_for(sc, device, _instrumented, sc, cfg, device, seed,
+                                      options).result()
             for value in options.values():            # the child's executor state, here
                 if hasattr(value, "adopt"):
                     value.adopt(session.executor)

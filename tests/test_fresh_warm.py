@@ -109,3 +109,34 @@ def test_a_server_answers_many_requests_from_one_process_and_reports_its_end():
     with pytest.raises(ValueError, match="asked to"):
         raising.request("raise")
     raising.kill()
+
+
+# -- GPUs: a new interpreter per engine run --------------------------------------------------------
+
+def test_engine_runs_fork_on_sim_and_spawn_on_a_gpu():
+    """sglang's own import initializes CUDA, and a process that has cannot fork: engine runs on
+    a GPU start a new interpreter (found on an H200: a forked reference run died with 'Cannot
+    re-initialize CUDA in forked subprocess', the next example with 'init_parallel_runtime()
+    ran twice in this process')."""
+    from racecheck.scenarios import fresh, get
+    sc = get("sglang-eagle-v2")
+    assert fresh.mode(sc, "sim") == "fork" and fresh.available(sc, "sim")
+    assert fresh.mode(sc, "cuda") == "spawn" and not fresh.available(sc, "cuda")
+    assert fresh.mode(sc, "npu") == "spawn"
+    assert fresh.mode(get("eagle-v2"), "cuda") is None       # the model runs in this process
+
+
+def test_spawn_returns_raises_passes_scenarios_by_name_and_reports_a_death():
+    import math
+    import time
+    from racecheck.scenarios import fresh, get
+    assert fresh.spawn(math.factorial, 10).result() == 3628800
+    with pytest.raises(ValueError):
+        fresh.spawn(math.factorial, -1).result()
+    assert fresh.spawn(getattr, get("eagle-v2"), "name").result() == "eagle-v2"
+    with pytest.raises(fresh.EngineProcessDied, match="exit status 3"):
+        fresh.spawn(os._exit, 3).result()
+    slow = fresh.spawn(time.sleep, 60)
+    t0 = time.monotonic()
+    slow.cancel()
+    assert time.monotonic() - t0 < 10 and slow.proc.returncode is not None

@@ -154,8 +154,9 @@ class FuzzTarget:
         cfg = self.concrete_config(example)
         t0 = time.perf_counter()
         seed = int(example.get("seed", 0))
-        if fresh.available(self.sc, self.device):
-            findings, internal, crash = fresh.run(self.sc, _detector_only, self.sc, cfg, self.device, seed)
+        if fresh.mode(self.sc, self.device):
+            findings, internal, crash = fresh.start_for(self.sc, self.device, _detector_only, self.sc,
+                                                        cfg, self.device, seed).result()
         else:
             findings, internal, crash = _detector_only(self.sc, cfg, self.device, seed)
         keys = []
