@@ -205,3 +205,25 @@ def test_the_workflow_fuzz_step_runs_on_sim_with_a_loopback_redis(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize("flavour", ["hip", "npu"])
+def test_the_missing_war_barrier_is_known_at_each_write_the_front_door_showed(flavour):
+    """The RC002 pairs the real engine showed on the ROCm branches (fuzzed on an H200 with
+    flavour=hip; the repro records' findings): the radix cache repointing a row, and, on a GPU
+    where a Triton kernel's write covers its whole tensor, a new request's row written, both
+    against the forward's KV-index read. Another site on the same tensor stays new."""
+    from racecheck.core.findings import Access, Finding
+    from racecheck.core.suppressions import load_suppressions
+    entries = load_suppressions(KNOWN / f"{flavour}.supp")
+    read = Access("pack_read_stream", "forward_stream", "read", "kv_index_translator.py:600",
+                  "pack_read_stream")
+
+    def known(location, function):
+        f = Finding("RC002", "ReqToTokenPool.req_to_token",
+                    Access("write", "schedule_stream", "write", location, function), read, "")
+        return any(e.matches(f) for e in entries)
+    assert known("memory_pool.py:414", "write")
+    assert known("allocation.py:755", "assign_req_to_token_pool_func")
+    assert known("allocation.py:79", "write_cache_indices")
+    assert not known("scheduler.py:1200", "prepare_for_decode")
