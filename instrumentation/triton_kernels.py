@@ -9,7 +9,8 @@ autotuned and heuristics wrappers end in) become one `Kernel` event on the curre
   atomic does both; pointer arithmetic, block pointers, tensor descriptors and calls to other
   `@triton.jit` functions are followed; a loaded value is data, not a pointer. An argument whose
   use the analysis cannot follow (an unknown call, inline assembly) is read and written and the
-  finding says so. Footprints cover the whole tensor (a kernel's offsets are runtime values).
+  finding says so. On a GPU footprints cover the whole tensor (a kernel's offsets are runtime
+  values), and a finding says that too.
 * on sim the kernel runs in Triton's CPU interpreter (TRITON_INTERPRET semantics), with the
   session's dispatch mode off (its internal host copies are not the program's ops); autotuning
   takes the first config without benchmarking (a benchmark would time CPU work and synchronize).
@@ -617,6 +618,15 @@ class TritonHook:
         approx = self.launcher.footprints(
             unknown, f"Triton kernel {acc.name}: {acc.reason or 'use not followed'}; whole tensor "
                      "read and written") if unknown else ()
+        # On a GPU the kernel's offsets are runtime values: each footprint is the whole tensor
+        # argument, which a finding must say (sim's interpreter gives the bytes themselves).
+        opaque = {id(t) for t in unknown}
+        whole = f"Triton kernel {acc.name} on a GPU: its whole tensor argument (offsets are " \
+                "runtime values; sim gives the exact bytes)"
+        approx_reads = self.launcher.footprints(
+            [t for t in reads if id(t) not in opaque], whole) + approx
+        approx_writes = self.launcher.footprints(
+            [t for t in writes if id(t) not in opaque], whole) + approx
         if acc.indirect:
             self.launcher.coverage.note(f"{acc.name} (Triton: pointers loaded from memory)",
                                         _site())
@@ -627,8 +637,8 @@ class TritonHook:
                 return orig(kernel, *args, grid=grid, warmup=False, **kwargs)
             finally:
                 self._tls.inside = False
-        return self.launcher.launch(acc.name, reads, writes, run, approx_reads=approx,
-                                    approx_writes=approx)
+        return self.launcher.launch(acc.name, (), (), run, approx_reads=approx_reads,
+                                    approx_writes=approx_writes)
 
     def _launch_measured(self, acc, fn, args, grid, kwargs):
         """sim: the interpreter says which bytes the kernel touched; whole tensors from the

@@ -138,6 +138,29 @@ def test_triton_write_on_a_side_stream_read_without_wait_is_rc001():
     assert not rc.internal_errors
 
 
+def test_on_a_gpu_a_launch_covers_its_whole_tensors_and_the_finding_says_so():
+    """The GPU path (the real kernel runs; its offsets are runtime values): every footprint is
+    the whole tensor argument, marked approximate, so a finding on it tells the reader that sim
+    would give the exact bytes. Driven on sim with the launch itself stubbed out."""
+    from racecheck.instrumentation import current
+    from racecheck.instrumentation.triton_kernels import TritonHook
+    with racecheck.session(device="sim", route_cuda=True) as rc:
+        hook = TritonHook(current.backend())
+        hook.interpret = False
+        s = torch.cuda.Stream()
+        x = racecheck.name(torch.arange(8, dtype=torch.float32, device="cuda"), "x")
+        out = racecheck.name(torch.zeros(8, device="cuda"), "out")
+        idx = torch.arange(8, device="cuda")
+        torch.cuda.synchronize()
+        with torch.cuda.stream(s):
+            hook.launch(lambda *a, **k: None, gather_scale, (x, out, idx, 8), (2,), {"BLOCK": 4})
+        out.sum().item()
+    [f] = rc.findings
+    assert (f.rule, f.tensor, f.previous.op) == ("RC001", "out", "gather_scale")
+    assert "gather_scale on a GPU: its whole tensor argument" in f.approx
+    assert not rc.internal_errors
+
+
 def test_triton_synchronized_is_clean():
     rc, total = _race_through(lambda x, out, idx: gather_scale[(2,)](x, out, idx, 8, BLOCK=4),
                               wait=True)
