@@ -10,7 +10,7 @@ parent's: fresh.
 On a GPU a child is a new interpreter instead (`spawn`): a process that has initialized CUDA
 cannot fork, and sglang's own import initializes it (its Triton helpers ask the driver for the
 current device at module level), so no warmed parent can serve as a template. Each run then pays
-the imports; the scenario crosses over by name (`Scenario` objects hold lambdas).
+the imports; a scenario crosses over by its registered name (its functions need not pickle).
 
 The engine itself is imported in each child, inside the run's session, because what it binds at
 import (platform probes, cached device lookups, names taken from `torch.cuda`) must be what the
@@ -172,14 +172,33 @@ class Pending:
         with os.fdopen(self._read, "rb") as fh:
             data = fh.read()
         _, status = os.waitpid(self.pid, 0)
-        if not data:
-            how = (f"signal {signal.Signals(os.WTERMSIG(status)).name}" if os.WIFSIGNALED(status)
-                   else f"exit status {os.WEXITSTATUS(status)}")
-            raise EngineProcessDied(f"the engine's process died ({how})")
-        ok, value = pickle.loads(data)
-        if not ok:
-            raise value
-        return value
+        return _outcome(data, -os.WTERMSIG(status) if os.WIFSIGNALED(status)
+                        else os.WEXITSTATUS(status))
+
+
+def _computed(fn, args, kwargs) -> bytes:
+    """A child's answer, pickled: (True, value) or (False, the exception it raised)."""
+    try:
+        result = (True, fn(*args, **kwargs))
+    except BaseException as exc:                      # noqa: BLE001 - sent to the parent
+        result = (False, exc)
+    try:
+        return pickle.dumps(result)
+    except Exception as exc:                          # noqa: BLE001
+        return pickle.dumps((False, RuntimeError(
+            f"the engine's process could not send its result: {exc}")))
+
+
+def _outcome(data: bytes, code: int):
+    """The child's value, or its exception raised here; no answer at all: it died (`code`: its
+    exit status, or minus the signal that ended it)."""
+    if not data:
+        how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+        raise EngineProcessDied(f"the engine's process died ({how})")
+    ok, value = pickle.loads(data)
+    if not ok:
+        raise value
+    return value
 
 
 def start(fn, *args, **kwargs) -> Pending:
@@ -193,15 +212,7 @@ def start(fn, *args, **kwargs) -> Pending:
         code = 0
         try:
             os.close(read)
-            try:
-                result = (True, fn(*args, **kwargs))
-            except BaseException as exc:              # noqa: BLE001 - sent to the parent
-                result = (False, exc)
-            try:
-                data = pickle.dumps(result)
-            except Exception as exc:                  # noqa: BLE001
-                data = pickle.dumps((False, RuntimeError(
-                    f"the engine's process could not send its result: {exc}")))
+            data = _computed(fn, args, kwargs)
             with os.fdopen(write, "wb") as fh:
                 fh.write(data)
             sys.stdout.flush()
@@ -216,40 +227,16 @@ def start(fn, *args, **kwargs) -> Pending:
 
 # -- a new interpreter (GPUs) ----------------------------------------------------------------------
 
-class _ScenarioByName:
-    """A `Scenario` argument sent to a spawned child: the child looks it up by name."""
-
-    def __init__(self, name: str):
-        self.name = name
-
-
-def _to_child(value):
-    from .registry import Scenario
-    return _ScenarioByName(value.name) if isinstance(value, Scenario) else value
-
-
-def _in_child(value):
-    if isinstance(value, _ScenarioByName):
-        from . import get
-        return get(value.name)
-    return value
-
-
 def _spawned_main() -> None:
-    """The new interpreter's side of `spawn`: the call arrives pickled on stdin, its result
+    """The new interpreter's side of `spawn`: the call arrives pickled on stdin, its answer
     leaves on the file descriptor named in argv."""
     fd = int(sys.argv[1])
     try:
         fn, args, kwargs = pickle.load(sys.stdin.buffer)
-        result = (True, fn(*[_in_child(a) for a in args],
-                           **{k: _in_child(v) for k, v in kwargs.items()}))
     except BaseException as exc:                      # noqa: BLE001 - sent to the parent
-        result = (False, exc)
-    try:
-        data = pickle.dumps(result)
-    except Exception as exc:                          # noqa: BLE001
-        data = pickle.dumps((False, RuntimeError(
-            f"the engine's process could not send its result: {exc}")))
+        data = pickle.dumps((False, RuntimeError(f"the engine's process could not read its call: {exc}")))
+    else:
+        data = _computed(fn, args, kwargs)
     sys.stdout.flush()
     sys.stderr.flush()
     with os.fdopen(fd, "wb") as fh:
@@ -270,23 +257,15 @@ class SpawnPending:
     def result(self):
         with os.fdopen(self._read, "rb") as fh:
             data = fh.read()
-        code = self.proc.wait()
-        if not data:
-            how = (f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}")
-            raise EngineProcessDied(f"the engine's process died ({how})")
-        ok, value = pickle.loads(data)
-        if not ok:
-            raise value
-        return value
+        return _outcome(data, self.proc.wait())
 
 
 def spawn(fn, *args, **kwargs) -> SpawnPending:
-    """A new interpreter (this one's `sys.path`) that computes `fn(*args, **kwargs)`: `fn`
-    importable by name, a `Scenario` argument sent by its name. Not multiprocessing's spawn,
+    """A new interpreter (this one's `sys.path`) that computes `fn(*args, **kwargs)`: `fn` and the
+    arguments pickled (a `Scenario` goes by its registered name). Not multiprocessing's spawn,
     which runs the parent's main script again in the child."""
     import subprocess
-    payload = pickle.dumps((fn, tuple(_to_child(a) for a in args),
-                            {k: _to_child(v) for k, v in kwargs.items()}))
+    payload = pickle.dumps((fn, args, kwargs))
     read, write = os.pipe()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     sys.stdout.flush()

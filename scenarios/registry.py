@@ -6,6 +6,7 @@ and repro records can pass configurations around as text.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -182,6 +183,12 @@ class RunResult:
                 "stats": dict(self.stats), "known_findings": [f.to_json() for f in self.known]}
 
 
+def _registered(name: str) -> "Scenario":
+    """The scenario registered as `name` (the registry is the package's, `racecheck.scenarios`,
+    which imports this module)."""
+    return sys.modules[__package__].get(name)
+
+
 class Scenario:
     """A named pipeline model: knobs (incl. one per fix switch), variants and a run function.
 
@@ -219,6 +226,10 @@ class Scenario:
         unknown = [k for k in self.drawn_knobs if k not in self.knobs]
         if unknown:
             raise ValueError(f"scenario {name!r}: drawn_knobs names no knob {', '.join(unknown)}")
+
+    def __reduce__(self):
+        # to another process by its registered name: its functions need not pickle
+        return (_registered, (self.name,))
 
     def strategy(self, fixed: dict, explore: bool):
         """The fuzzer's hook: a strategy of overrides for `drawn_knobs`, or None (draw none).

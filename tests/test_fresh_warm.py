@@ -134,6 +134,8 @@ def test_spawn_returns_raises_passes_scenarios_by_name_and_reports_a_death():
     with pytest.raises(ValueError):
         fresh.spawn(math.factorial, -1).result()
     assert fresh.spawn(getattr, get("eagle-v2"), "name").result() == "eagle-v2"
+    import pickle
+    assert pickle.loads(pickle.dumps(get("sglang-eagle-v2"))) is get("sglang-eagle-v2")
     with pytest.raises(fresh.EngineProcessDied, match="exit status 3"):
         fresh.spawn(os._exit, 3).result()
     slow = fresh.spawn(time.sleep, 60)

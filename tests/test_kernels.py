@@ -144,17 +144,12 @@ def test_on_a_gpu_a_launch_covers_its_whole_tensors_and_the_finding_says_so():
     would give the exact bytes. Driven on sim with the launch itself stubbed out."""
     from racecheck.instrumentation import current
     from racecheck.instrumentation.triton_kernels import TritonHook
-    with racecheck.session(device="sim", route_cuda=True) as rc:
+
+    def launch_as_on_a_gpu(x, out, idx):
         hook = TritonHook(current.backend())
         hook.interpret = False
-        s = torch.cuda.Stream()
-        x = racecheck.name(torch.arange(8, dtype=torch.float32, device="cuda"), "x")
-        out = racecheck.name(torch.zeros(8, device="cuda"), "out")
-        idx = torch.arange(8, device="cuda")
-        torch.cuda.synchronize()
-        with torch.cuda.stream(s):
-            hook.launch(lambda *a, **k: None, gather_scale, (x, out, idx, 8), (2,), {"BLOCK": 4})
-        out.sum().item()
+        hook.launch(lambda *a, **k: None, gather_scale, (x, out, idx, 8), (2,), {"BLOCK": 4})
+    rc, _ = _race_through(launch_as_on_a_gpu, wait=False)
     [f] = rc.findings
     assert (f.rule, f.tensor, f.previous.op) == ("RC001", "out", "gather_scale")
     assert "gather_scale on a GPU: its whole tensor argument" in f.approx
