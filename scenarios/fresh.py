@@ -56,12 +56,6 @@ def available(sc, device: str) -> bool:
     return mode(sc, device) == "fork"
 
 
-def run(sc, fn, *args, **kwargs):
-    """`fn(*args, **kwargs)` in a child forked from this process, warmed for `sc` first."""
-    warm(sc)
-    return call(fn, *args, **kwargs)
-
-
 def start_for(sc, device: str, fn, *args, **kwargs):
     """`start` (a forked child, this process warmed first) or `spawn` (a new interpreter), as
     `mode(sc, device)` says; a Pending either way."""
