@@ -36,7 +36,8 @@ class EngineProcessDied(RuntimeError):
 
 def mode(sc, device: str) -> str | None:
     """How a run of `sc` on `device` gets its own process: "fork" (sim: a child of this warmed
-    process), "spawn" (a GPU, or no fork: a new interpreter) or None (the scenario runs here)."""
+    process), "spawn" (a new interpreter: on a GPU, where fork is missing, or once this process
+    has initialized CUDA) or None (the scenario runs here)."""
     if not getattr(sc, "fresh_process", False):
         return None
     return "fork" if device == "sim" and hasattr(os, "fork") and not _cuda_initialized() \
@@ -228,7 +229,8 @@ def _spawned_main() -> None:
     try:
         fn, args, kwargs = pickle.load(sys.stdin.buffer)
     except BaseException as exc:                      # noqa: BLE001 - sent to the parent
-        data = pickle.dumps((False, RuntimeError(f"the engine's process could not read its call: {exc}")))
+        data = pickle.dumps((False, RuntimeError(
+            f"the engine's process could not read its call: {exc}")))
     else:
         data = _computed(fn, args, kwargs)
     sys.stdout.flush()
@@ -268,11 +270,18 @@ def spawn(fn, *args, **kwargs) -> SpawnPending:
         proc = subprocess.Popen(
             [sys.executable, "-c", "from racecheck.scenarios.fresh import _spawned_main; "
              "_spawned_main()", str(write)], stdin=subprocess.PIPE, pass_fds=(write,), env=env)
+    except BaseException:
+        os.close(read)
+        raise
     finally:
         os.close(write)
-    with proc.stdin:
-        proc.stdin.write(payload)
-    return SpawnPending(proc, read)
+    pending = SpawnPending(proc, read)
+    try:
+        with proc.stdin:
+            proc.stdin.write(payload)
+    except BrokenPipeError:     # the child died before reading its call: result() says how
+        pass
+    return pending
 
 
 # -- long-lived engine processes -----------------------------------------------------------------
