@@ -1,12 +1,17 @@
 """Where a run of the real sglang engine's time goes on a CPU (the front door, `sim`).
 
-    python bench/bench_sglang.py [--scenario sglang-eagle-v2] [--set K=V ...] [--quick]
+    python bench/bench_sglang.py [--scenario sglang-eagle-v2] [--set K=V ...] [--quick] [--naming]
 
 Prints, for one configuration: the import of sglang's scheduler (with racecheck's shims), then
 one `racecheck run` worth of work in a fresh process per phase split (scheduler construction,
 graph capture included; sglang's event loop; the serialized reference run) and how many loop
 iterations ran. Phases come from the front door's own clock (`server.TIMINGS`). `--quick` runs
 the smallest schedule with graphs off (CI keeps the script working; it asserts nothing).
+
+`--naming` adds, side by side (fresh processes, alternating, 2 rounds each), the loop with the
+program's names for unnamed tensors found once per moment of the program (a checker flush)
+against a walk of the collector's objects per batch of findings (`instrumentation/names.py`),
+with the walks counted and the findings compared.
 
 Then, side by side in one process: what importing sglang costs a forked engine process (every
 run, instrumented or reference, is one) from a cold parent, and from a parent warmed by
@@ -24,6 +29,8 @@ CHILD = r"""
 import json, sys, time
 t0 = time.perf_counter()
 import racecheck
+from racecheck.instrumentation import names
+names.ONE_PASS_PER_MOMENT = len(sys.argv) < 4 or sys.argv[3] == "moment"
 from racecheck import scenarios
 from racecheck.scenarios.sglang import imports, surface
 from racecheck.scenarios.sglang.engine_run import _environment, _SIM_ENV, _import_quietly
@@ -37,10 +44,13 @@ from racecheck.scenarios.registry import RunContext
 from racecheck.scenarios.sglang import server
 t1 = time.perf_counter()
 with racecheck.session(device="sim", **sc.session_options(cfg, "sim")) as rc:
+    namer = rc.checker.namer
     sc.run_once(cfg, RunContext(rc.device_module, "cpu", rc, pin=True, seed=0))
 total = time.perf_counter() - t1
 print(json.dumps({"import": t_import, "run": total, **server.TIMINGS,
-                  "events": rc.checker.events_processed, "findings": len(rc.findings)}))
+                  "events": rc.checker.events_processed, "findings": len(rc.findings),
+                  "found": sorted(f"{f.rule} {f.tensor}" for f in rc.findings),
+                  "walks": getattr(namer, "passes", None)}))
 """
 
 
@@ -70,12 +80,26 @@ def warm_imports(scenario: str) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def phase(scenario: str, cfg: dict) -> dict:
-    p = subprocess.run([sys.executable, "-c", CHILD, scenario, json.dumps(cfg)],
+def phase(scenario: str, cfg: dict, naming: str = "moment") -> dict:
+    p = subprocess.run([sys.executable, "-c", CHILD, scenario, json.dumps(cfg), naming],
                        capture_output=True, text=True)
     if p.returncode != 0:
         raise SystemExit(f"bench_sglang: the run failed:\n{p.stderr[-3000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def naming(scenario: str, cfg: dict) -> None:
+    import statistics
+    runs = {"moment": [], "batch": []}
+    for r in range(2):
+        for how in (("batch", "moment") if r % 2 == 0 else ("moment", "batch")):
+            runs[how].append(phase(scenario, cfg, how))
+    loop = {k: statistics.median(x["loop"] for x in v) for k, v in runs.items()}
+    same = all(a["found"] == b["found"] for a, b in zip(runs["moment"], runs["batch"]))
+    print(f"naming unnamed tensors ({' '.join(f'{k}={v}' for k, v in cfg.items())}): a walk per "
+          f"batch of findings: loop {loop['batch']:.1f}s, {runs['batch'][0]['walks']} walks; once "
+          f"per moment: loop {loop['moment']:.1f}s, {runs['moment'][0]['walks']} walks "
+          f"(x{loop['batch'] / loop['moment']:.2f}); same findings: {same}")
 
 
 def main(argv=None) -> int:
@@ -83,6 +107,8 @@ def main(argv=None) -> int:
     ap.add_argument("--scenario", default="sglang-eagle-v2")
     ap.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--naming", action="store_true", help="names once per moment against once "
+                    "per batch of findings (graphs off unless --set)")
     args = ap.parse_args(argv)
     import importlib.util
     if importlib.util.find_spec("sglang") is None:
@@ -99,6 +125,8 @@ def main(argv=None) -> int:
           f"import {got['import']:.1f}s + construction {got['construction']:.1f}s (graph capture "
           f"included) + loop {got['loop']:.1f}s ({got['iterations']} iterations, "
           f"{got['events']} events, {got['findings']} findings) + the rest")
+    if args.naming:
+        naming(args.scenario, {"graphs": "off", **cfg})
     w = warm_imports(args.scenario)
     print(f"importing sglang in an engine process: cold parent {w['cold']:.1f}s, warmed parent "
           f"{w['warm']:.1f}s ({w['cold'] / max(w['warm'], 1e-9):.1f}x; warming, once per "

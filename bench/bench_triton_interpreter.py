@@ -1,14 +1,19 @@
-"""Triton's CPU interpreter under racecheck `sim`: builtins scanned once per session
-(`instrumentation/triton_kernels.py`, `BUILTINS_ONCE`) against Triton's own scan at every launch
-and nested `@triton.jit` call, side by side in one run.
+"""Triton's CPU interpreter under racecheck `sim`, with and without racecheck's two cuts
+(`instrumentation/triton_kernels.py`), side by side in one run:
+- `BUILTINS_ONCE`: builtins scanned once per session, not at every launch and nested
+  `@triton.jit` call;
+- `OVERFLOW_CHECKS_AS_COMPILED`: no integer-overflow checks computed for a `device_assert`
+  that drops them (a launch without `debug`, as compiled on a GPU).
 
     python bench/bench_triton_interpreter.py [--rounds 5] [--launches 40] [--sglang] [--quick]
 
-Kernel: a small kernel whose programs call a `@triton.jit` helper (as sglang's do), `--launches`
-launches per session, sessions alternating between the two settings; the median of the
-per-round ratios. `--sglang` adds the real engine (`sglang-eagle-v2`, one short request, graphs
-off; sglang installed): one fresh process per run, alternating, sglang's loop time from the
-front door's clock, and whether tokens and findings are the same.
+Kernel: a small kernel whose programs do integer index arithmetic and call a `@triton.jit`
+helper (as sglang's do), `--launches` launches per session, sessions rotating through the
+settings; per setting the median per launch, and the median of the per-round ratios to
+Triton's own interpreter. `--sglang` adds the real engine (`sglang-eagle-v2`, default
+schedule, graphs off; sglang installed): one fresh process per run, Triton's interpreter as is
+against both cuts, alternating, sglang's loop time from the front door's clock, and whether
+tokens and findings are the same.
 """
 from __future__ import annotations
 
@@ -33,6 +38,7 @@ if importlib.util.find_spec("triton") is not None:
     @triton.jit
     def add_shifted(src, dst, n, BLOCK: tl.constexpr):
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        offs = (offs * 3 - offs * 2) + 0 * n            # index arithmetic, as attention does
         mask = offs < n
         x = tl.load(src + offs, mask=mask)
         tl.store(dst + offs, _shift(x, 1.0), mask=mask)
@@ -46,12 +52,12 @@ from racecheck.instrumentation import triton_kernels
 from racecheck.scenarios.registry import RunContext
 from racecheck.scenarios.sglang import imports, server
 from racecheck.scenarios.sglang.engine_run import _environment, _SIM_ENV, _import_quietly
-triton_kernels.BUILTINS_ONCE = sys.argv[1] == "once"
+triton_kernels.BUILTINS_ONCE = triton_kernels.OVERFLOW_CHECKS_AS_COMPILED = sys.argv[1] == "cut"
 imports.install()
 with _environment(dict(_SIM_ENV)):
     _import_quietly()
 sc = scenarios.get("sglang-eagle-v2")
-cfg = sc.config(overrides={"graphs": False, "arrivals": "0:1x2"})
+cfg = sc.config(overrides={"graphs": False})
 with racecheck.session(device="sim", **sc.session_options(cfg, "sim")) as rc:
     out = sc.run_once(cfg, RunContext(rc.device_module, "cpu", rc, pin=True, seed=0))
 found = sorted(f"{f.rule} {f.tensor}" for f in rc.findings)
@@ -60,11 +66,19 @@ print("@@" + json.dumps({"loop": server.TIMINGS.get("loop"), "outputs": repr(out
 """
 
 
-def _session_seconds(once: bool, launches: int) -> float:
+SETTINGS = {                   # name -> (BUILTINS_ONCE, OVERFLOW_CHECKS_AS_COMPILED)
+    "triton": (False, False),
+    "builtins once": (True, False),
+    "overflow as compiled": (False, True),
+    "both": (True, True),
+}
+
+
+def _session_seconds(setting: str, launches: int) -> float:
     from racecheck.instrumentation import triton_kernels
 
     import racecheck
-    triton_kernels.BUILTINS_ONCE = once
+    triton_kernels.BUILTINS_ONCE, triton_kernels.OVERFLOW_CHECKS_AS_COMPILED = SETTINGS[setting]
     src = torch.arange(256, dtype=torch.float32)
     dst = torch.empty_like(src)
     with racecheck.session(device="sim"):
@@ -76,8 +90,8 @@ def _session_seconds(once: bool, launches: int) -> float:
     return seconds
 
 
-def _engine(once: bool) -> dict:
-    p = subprocess.run([sys.executable, "-c", ENGINE_CHILD, "once" if once else "each"],
+def _engine(cut: bool) -> dict:
+    p = subprocess.run([sys.executable, "-c", ENGINE_CHILD, "cut" if cut else "triton"],
                        capture_output=True, text=True, check=False)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("@@")]
     if not lines:
@@ -90,45 +104,45 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--launches", type=int, default=40)
     ap.add_argument("--sglang", action="store_true")
-    ap.add_argument("--quick", action="store_true", help="2 rounds of 5 launches (CI)")
+    ap.add_argument("--quick", action="store_true", help="4 rounds of 5 launches (CI)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     if args.quick:
-        args.rounds, args.launches = 2, 5
+        args.rounds, args.launches = 4, 5
     if importlib.util.find_spec("triton") is None:
         print("bench_triton_interpreter: triton is not installed; skipped")
         return 0
-    _session_seconds(True, 1)                          # Triton's own first-launch work
-    per = {True: [], False: []}
-    ratios = []
+    _session_seconds("both", 1)                        # Triton's own first-launch work
+    names = list(SETTINGS)
+    per = {name: [] for name in names}
+    ratios = {name: [] for name in names}
     for r in range(args.rounds):
-        order = (False, True) if r % 2 == 0 else (True, False)
-        got = {once: _session_seconds(once, args.launches) for once in order}
-        for once, s in got.items():
-            per[once].append(s / args.launches * 1e3)
-        ratios.append(got[False] / got[True])
-    result = {"kernel_ms_per_launch": {"scan_each_time": statistics.median(per[False]),
-                                       "scanned_once": statistics.median(per[True])},
-              "kernel_speedup": statistics.median(ratios), "rounds": args.rounds,
-              "launches": args.launches}
-    print(f"kernel launch under sim: Triton's scan {result['kernel_ms_per_launch']['scan_each_time']:.2f} ms, "
-          f"scanned once {result['kernel_ms_per_launch']['scanned_once']:.2f} ms "
-          f"(x{result['kernel_speedup']:.2f}, median of {args.rounds} rounds)")
+        order = names[r % len(names):] + names[:r % len(names)]
+        got = {name: _session_seconds(name, args.launches) for name in order}
+        for name, s in got.items():
+            per[name].append(s / args.launches * 1e3)
+            ratios[name].append(got["triton"] / s)
+    result = {"kernel_ms_per_launch": {n: statistics.median(v) for n, v in per.items()},
+              "kernel_speedup": {n: statistics.median(v) for n, v in ratios.items()},
+              "rounds": args.rounds, "launches": args.launches}
+    print(f"kernel launch under sim, median of {args.rounds} rounds: " + ", ".join(
+        f"{n} {result['kernel_ms_per_launch'][n]:.2f} ms (x{result['kernel_speedup'][n]:.2f})"
+        for n in names))
     if args.sglang and importlib.util.find_spec("sglang") is None:
         print("bench_triton_interpreter: sglang is not installed; --sglang skipped")
     elif args.sglang:
         runs = {True: [], False: []}
         for r in range(max(2, args.rounds // 2)):
-            for once in ((False, True) if r % 2 == 0 else (True, False)):
-                runs[once].append(_engine(once))
+            for cut in ((False, True) if r % 2 == 0 else (True, False)):
+                runs[cut].append(_engine(cut))
         same = all(a["outputs"] == b["outputs"] and a["findings"] == b["findings"]
                    for a, b in zip(runs[True], runs[False]))
         loops = {k: [x["loop"] for x in v] for k, v in runs.items()}
-        result["sglang_loop_s"] = {"scan_each_time": loops[False], "scanned_once": loops[True]}
+        result["sglang_loop_s"] = {"triton": loops[False], "both": loops[True]}
         result["sglang_loop_speedup"] = statistics.median(loops[False]) / statistics.median(loops[True])
         result["sglang_same_outputs_and_findings"] = same
-        print(f"sglang-eagle-v2 loop (one request, graphs off): Triton's scan "
-              f"{statistics.median(loops[False]):.1f} s, scanned once "
+        print(f"sglang-eagle-v2 loop (graphs off): Triton's interpreter "
+              f"{statistics.median(loops[False]):.1f} s, both cuts "
               f"{statistics.median(loops[True]):.1f} s (x{result['sglang_loop_speedup']:.2f}); "
               f"same tokens and findings: {same}")
     if args.json:

@@ -58,7 +58,7 @@ def install_session(backend, *, route_cuda: bool = False) -> list:
     backend.installed = True
     current.set_backend(backend)
     from .names import HolderNames
-    sink.set_namer(HolderNames(backend.footprints.registry))
+    sink.set_namer(HolderNames(backend.footprints.registry, moment=lambda: sink.position))
     undo.append(lambda: sink.set_namer(None))
     from .triton_kernels import TritonHook
     triton = TritonHook(backend)

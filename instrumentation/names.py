@@ -13,6 +13,7 @@ preferring, in that order, the holders of the tensor that best covers the racing
 from __future__ import annotations
 
 import gc
+import itertools
 import sys
 import types
 
@@ -20,20 +21,29 @@ import torch
 
 from .stacks import is_internal_file
 
-_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+_TENSOR_TYPES = {torch.Tensor: True, torch.nn.Parameter: True}
 _ATTR, _VARIABLE, _KEY = 0, 1, 2          # holder kinds, best first
+ONE_PASS_PER_MOMENT = True      # bench/bench_sglang.py --naming compares with a pass per batch
 
 
 class HolderNames:
     """`namer(storage, lo, hi)` for the checker (`Sink.set_namer`), with `prefetch(storages)`:
     the storages of one batch of findings are resolved in one pass over the collector's
-    objects, which is what costs (seconds in a large engine process), not once per storage and
-    byte range. A name, once given to a (storage, bytes) pair, stays."""
+    objects, which is what costs (a few tenths of a second in a large engine process), not once
+    per storage and byte range. A name, once given to a (storage, bytes) pair, stays.
 
-    def __init__(self, registry):
+    `moment()` (the sink's position: events emitted so far) says whether the program has run
+    since the last pass. While it has not (one flush of the checker's queue, however many
+    findings it makes), its objects hold the tensors as they did, so holders found then are
+    reused and only storages not yet looked for cost a pass."""
+
+    def __init__(self, registry, moment=None):
         self.registry = registry
+        self._moment = moment
         self._cache: dict = {}
         self._holders: dict = {}        # storage -> [(kind, view start, view end, name)]
+        self._at = None                 # the moment the holders were found at
+        self.passes = 0                 # walks over the collector's objects (bench, tests)
 
     def __call__(self, storage: int, lo: int = 0, hi: int | None = None) -> str | None:
         return self.name_of(storage, lo, hi)
@@ -43,9 +53,7 @@ class HolderNames:
         if key in self._cache:
             return self._cache[key]
         try:
-            if storage not in self._holders:
-                self._holders.update(self._resolve([storage]))
-                self._holders.setdefault(storage, [])
+            self._look_for([storage])
             name = self._best(self._holders[storage], lo, hi)
         except Exception:       # naming is a courtesy: never let it break a report
             name = None
@@ -53,16 +61,27 @@ class HolderNames:
         return name
 
     def prefetch(self, storages) -> None:
-        """A new batch of findings: forget the holders found for earlier ones (the program
-        may hold its tensors differently now) and find those of `storages` in one walk."""
-        todo = list(dict.fromkeys(storages))
-        self._holders = {}
+        """A new batch of findings: find the holders of `storages` in one walk (those of
+        earlier batches are forgotten once the program has run: it may hold its tensors
+        differently now)."""
         try:
-            self._holders.update(self._resolve(todo))
+            self._look_for(storages)
         except Exception:       # naming is a courtesy
             pass
-        for st in todo:
-            self._holders.setdefault(st, [])
+
+    def _look_for(self, storages) -> None:
+        now = self._moment() if self._moment is not None and ONE_PASS_PER_MOMENT else None
+        if now is None or now != self._at:
+            self._holders = {}
+            self._at = now
+        todo = [st for st in dict.fromkeys(storages) if st not in self._holders]
+        if not todo:
+            return
+        try:
+            self._holders.update(self._resolve(todo))
+        finally:
+            for st in todo:
+                self._holders.setdefault(st, [])
 
     def forget(self, storage: int) -> None:
         for k in [k for k in self._cache if k[0] == storage]:
@@ -92,14 +111,18 @@ class HolderNames:
                 want[cdata] = st
         if not want:
             return {}
+        self.passes += 1
         owner = {}              # id(tensor) -> storage
         tensors = []
-        for o in gc.get_objects():
-            if type(o) in _TENSOR_TYPES:
-                st = want.get(o.untyped_storage()._cdata)
-                if st is not None:
-                    owner[id(o)] = st
-                    tensors.append(o)
+        objects = gc.get_objects()
+        # the tensors among them, picked without a Python step per object (hundreds of
+        # thousands in an engine process)
+        for o in itertools.compress(objects, map(_TENSOR_TYPES.get, map(type, objects))):
+            st = want.get(o.untyped_storage()._cdata)
+            if st is not None:
+                owner[id(o)] = st
+                tensors.append(o)
+        del objects
         if not tensors:
             return {}
         span = {id(t): self._span(t) for t in tensors}

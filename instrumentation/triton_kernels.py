@@ -19,6 +19,7 @@ autotuned and heuristics wrappers end in) become one `Kernel` event on the curre
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import inspect
 import textwrap
@@ -524,6 +525,7 @@ def _tensors(v):
 
 
 BUILTINS_ONCE = True        # bench/bench_triton_interpreter.py compares with Triton's own scan
+OVERFLOW_CHECKS_AS_COMPILED = True      # the same bench compares with the interpreter's own
 
 
 def _builtins_scanned_once(orig):
@@ -589,6 +591,24 @@ class TritonHook:
                 if callable(interpreter.__dict__.get("_patch_builtin")) and \
                         callable(interpreter.__dict__.get("_patch_attr")):
                     self._patch(interpreter, "_patch_builtin", _builtins_scanned_once)
+            if OVERFLOW_CHECKS_AS_COMPILED:
+                self._overflow_checks_as_compiled()
+
+    def _overflow_checks_as_compiled(self) -> None:
+        """Triton's integer-overflow check computes each `+`, `-`, `*` again in int64, then
+        hands the result to `device_assert`, which drops it unless the kernel is compiled with
+        `debug`: on a GPU the unused check is dead code the compiler removes. The interpreter
+        has no `debug` but computes each check, about a third of an interpreted attention
+        kernel's time for a value nobody reads; without `debug` it now skips them."""
+        try:
+            from triton.runtime.interpreter import interpreter_builder as builder
+            opts = builder.options
+            if opts.debug or not opts.sanitize_overflow:
+                return
+            builder.options = dataclasses.replace(opts, sanitize_overflow=False)
+        except Exception:          # another Triton's interpreter: keep its behaviour
+            return
+        self._undo.append(lambda: setattr(builder, "options", opts))
 
     def _patch(self, owner, name, make) -> None:
         orig = owner.__dict__[name]

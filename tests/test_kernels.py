@@ -419,3 +419,31 @@ def test_the_interpreter_scans_triton_language_once_per_session(monkeypatch):
     assert len(seen) == len(set(map(id, seen))), "a module or class scanned twice"
     assert interpreter._patch_builtin is own
     assert all(tl.core.is_builtin(getattr(tl, n)) for n in ("load", "store", "arange"))
+
+
+def test_the_interpreter_skips_overflow_checks_nothing_reads():
+    """Without `debug` a compiled launch drops its integer-overflow checks (`device_assert`
+    ignores them); under the session the interpreter does not compute them either, and gives
+    the same results; after the session its options are Triton's own again."""
+    from triton.language import semantic
+    from triton.runtime import interpreter
+    own = interpreter.interpreter_builder.options
+    checks = []
+    real = semantic.TritonSemantic.binary_op_sanitize_overflow_impl
+
+    def counted(self, lhs, rhs, op):
+        checks.append(self.builder.options.sanitize_overflow)
+        return real(self, lhs, rhs, op)
+    x = torch.arange(64, dtype=torch.float32)
+    idx = torch.arange(63, -1, -1, dtype=torch.int64)
+    semantic.TritonSemantic.binary_op_sanitize_overflow_impl = counted
+    try:
+        with racecheck.session(device="sim"):
+            assert interpreter.interpreter_builder.options.sanitize_overflow is False
+            out = torch.zeros(64)
+            gather_scale[(4,)](x, out, idx, 64, BLOCK=16)
+    finally:
+        semantic.TritonSemantic.binary_op_sanitize_overflow_impl = real
+    assert torch.equal(out, x.flip(0) * 2)
+    assert checks and not any(checks)       # asked, and answered without computing a check
+    assert interpreter.interpreter_builder.options is own and own.sanitize_overflow
