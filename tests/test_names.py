@@ -3,7 +3,6 @@ and one walk over the collector's objects per moment of the program, however man
 from __future__ import annotations
 
 import torch
-
 from racecheck.instrumentation.footprints import StorageRegistry
 from racecheck.instrumentation.names import HolderNames
 
