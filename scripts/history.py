@@ -50,7 +50,11 @@ FIXES = [
      "#21940's ordering back after its revert)", "0.5.20"),
     ("draft-extend prep on the plan stream waits for the forward stream "
      "(`_draft_extend_for_decode`, the #40025 report)", "0.5.22"),
+    ("#31687 WAR barrier moved from the loop's top to right after each `run_batch`: the "
+     "previous batch's result processing (`req_to_token` rewrites) waits for the forward "
+     "just launched", "0.5.16", ("cuda-eager", "overlap")),
 ]
+FIX_CONFIGS = ("cuda-eager", "cuda-graphs")      # a fix's cells unless it names its own
 
 # HiCache's device<->host transfer orderings (sglang-hicache), and the first release with each,
 # from the releases' sources: what the scheduler and HiCacheController add.
@@ -142,8 +146,10 @@ def render(results: dict, releases: list, configs: list, seeds: bool) -> str:
              "On sglang 0.5.13 to 0.5.21 the draft-extend plan stream runs without a wait, and on "
              "0.5.13 to 0.5.19 the verify plan stream too (seen with graphs on); on 0.5.8 to "
              "0.5.10, the releases before #21940, verify's graph prep reads the draft's outputs "
-             "without a wait, and before 0.5.14 CUDA has no WAR barrier: FINDINGS.md has the "
-             "evidence." + ("" if "hicache" in configs else
+             "without a wait; before 0.5.14 CUDA has no WAR barrier, and on 0.5.14 and 0.5.15 "
+             "the barrier at the loop's top leaves the previous batch's result processing "
+             "unordered with the forward just launched (the plain overlap scheduler's RC002; "
+             "#31687 moved it in 0.5.16): FINDINGS.md has the evidence." + ("" if "hicache" in configs else
                            " The hierarchical cache (`sglang-hicache`) has its own table, "
                            "[HISTORY_HICACHE.md](HISTORY_HICACHE.md) (`--configs hicache`)."),
              "",
@@ -168,9 +174,10 @@ def render(results: dict, releases: list, configs: list, seeds: bool) -> str:
         return "\n".join(lines + _hicache_fixes(results, releases, configs) + [""])
     lines += ["", "## Upstream fixes: the release before", "",
               "| fix | first release with it | release before | what racecheck reports there "
-              "(cuda, eager / graphs) |", "| --- | --- | --- | --- |"]
+              "(cuda, eager / graphs, unless the cell names its run) |", "| --- | --- | --- | --- |"]
     from racecheck.scenarios.sglang.surface import OLDEST
-    for fix, first in FIXES:
+    for fix, first, *own in FIXES:
+        shown = own[0] if own else FIX_CONFIGS
         before = [v for v in releases if version_key(v) < version_key(first)
                   and version_key(v) >= version_key(OLDEST)]
         prev = before[-1] if before else None
@@ -178,8 +185,8 @@ def render(results: dict, releases: list, configs: list, seeds: bool) -> str:
             lines.append(f"| {fix} | {first} | before {OLDEST}, the oldest release the front "
                          "door runs | every release run has the fix |")
             continue
-        seen = " / ".join(describe(results[(prev, c)]) for c in ("cuda-eager", "cuda-graphs")
-                          if (prev, c) in results)
+        seen = " / ".join((f"{c}: " if own else "") + describe(results[(prev, c)])
+                          for c in shown if (prev, c) in results)
         lines.append(f"| {fix} | {first} | {prev} | {seen} |")
     lines += _hicache_fixes(results, releases, configs)
     lines.append("")
