@@ -34,6 +34,7 @@ class Sink(Protocol):
     given; `tls`, `dead` and `queue` the Python hands it when it builds its objects."""
 
     checking: bool          # False once racecheck hit an internal error: stop observing
+    check_events: bool      # False: a run for its values only, whose events nobody checks
     lock: object            # an RLock held while events are ordered and checked
     tls: object             # thread-local: .tid (host timeline), .capture, .internal
     dead: object            # deque of (storage id, stack) that died and are not reported yet

@@ -176,3 +176,41 @@ def test_a_dropped_site_is_found_and_its_record_replays(tmp_path):
                             capture_output=True, text=True, timeout=600)
     assert replay.returncode == 1, replay.stdout + replay.stderr
     assert f"reproduced: {key}" in replay.stdout
+
+
+def _seed_sites():
+    from racecheck.scenarios.sglang import SITE_PUBLISH_WAIT, SITE_VERIFY_JOIN, SITE_WAR_BARRIER
+    return [
+        # (scenario, knobs fixed besides the dropped site, the failure keys that count as found)
+        pytest.param("sglang-overlap", SITE_WAR_BARRIER, {}, ("RC002 req_to_token",),
+                     id="overlap-no-war_barrier"),
+        pytest.param(SC, SITE_WAR_BARRIER, {"graphs": "off", "topk": 1, "prefix_len": 12},
+                     ("RC002 req_to_token",), id="eagle-no-war_barrier"),
+        pytest.param(SC, SITE_PUBLISH_WAIT, {"flavour": "npu"}, ("RC001 new_seq_lens_buf",),
+                     id="no-futuremap_publish_wait"),
+        # with the join dropped, an adversarial order feeds the verify graph garbage indices:
+        # the engine fails (a GPU faults), and that is found before the race's own report
+        pytest.param(SC, SITE_VERIFY_JOIN, {"graphs": "on"},
+                     ("RC003 input_ids", "CRASH SchedulerFailed"), id="no-verify_join"),
+    ]
+
+
+@pytest.mark.parametrize("scenario,site,fixed,found_as", _seed_sites())
+def test_every_other_seed_site_dropped_is_found_and_confirmed_on_a_fresh_engine(
+        tmp_path, scenario, site, fixed, found_as):
+    """The seed sites the two tests above leave out, each dropped with `--drop-sync` and
+    searched from scratch (no database, a fixed seed): the search finds its failure within the
+    budget, shrinks it and saves its record, which says which engine showed it. A failure seen
+    on a reused engine is tried on a fresh one first; a WAR race may need the rows a reused
+    engine's history put where they are, and its record then says it came from the reused
+    engine (docs/FUZZING.md)."""
+    target = FuzzTarget(scenario, fixed={"drop_sync": site, **fixed})
+    report = Fuzzer(target, database=None, findings_dir=str(tmp_path), budget_s=420, seed=31,
+                    first_only=True).run()
+    assert report.failures, (report.examples, report.stopped, report.engines)
+    [(key, found)] = report.failures.items()
+    assert key in found_as, key
+    rec = json.loads(open(found.path).read())
+    assert rec["config"]["drop_sync"] == site and rec["search"]["shrunk"]
+    assert rec["search"]["engine"].startswith(("fresh: confirmed on a fresh engine", "reused: ")), \
+        rec["search"]

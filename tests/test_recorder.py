@@ -73,3 +73,32 @@ def test_a_race_is_found_whichever_event_ends_a_batch(path):
         found.append([(f.rule, f.tensor, f.message()) for f in rc.findings])
     assert found[0] and {f[:2] for f in found[0]} == {("RC001", "x")}
     assert all(f == found[0] for f in found), found
+
+
+def test_a_session_that_does_not_check_routes_the_program_and_reports_nothing():
+    """check=False (a scenario's reference run, which wants the program's values only): ops and
+    Triton kernels run as under a checking session, the events are taken off the queue, and no
+    finding is made or named."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def scale(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 3, mask=offs < n)
+
+    def program(rc):
+        dm = rc.device_module
+        side = dm.Stream()
+        x = torch.arange(64, dtype=torch.float32, device="cuda")
+        out = torch.zeros(64, device="cuda")
+        with dm.stream(side):
+            scale[(4,)](x, out, 64, BLOCK=16)       # unordered with the read below: a race
+        return (out + 1).cpu()
+    results = {}
+    for check in (True, False):
+        with racecheck.session(device="sim", route_cuda=True, check=check) as rc:
+            results[check] = (program(rc), [f.rule for f in rc.findings], rc.recorder.queue)
+    assert torch.equal(results[True][0], results[False][0])
+    assert results[True][1] and results[False][1] == []
+    assert not results[False][2]                    # nothing left queued

@@ -151,7 +151,7 @@ def reference_engine(channel, sc, cfg: dict) -> None:
     started = time.perf_counter()
     ref = sc.reference_config(cfg)
     state: dict = {}
-    with racecheck.session(device="sim", route_cuda=True) as rc:
+    with racecheck.session(device="sim", route_cuda=True, check=False) as rc:     # values only
         def begin(scheduler, command):
             now = time.perf_counter()
             if "built" not in state:
