@@ -1,6 +1,7 @@
 """Where a run of the real sglang engine's time goes on a CPU (the front door, `sim`).
 
     python bench/bench_sglang.py [--scenario sglang-eagle-v2] [--set K=V ...] [--quick] [--naming]
+                                 [--whole-run ROUNDS]
 
 Prints, for one configuration: the import of sglang's scheduler (with racecheck's shims), then
 one `racecheck run` worth of work in a fresh process per phase split (scheduler construction,
@@ -12,6 +13,11 @@ the smallest schedule with graphs off (CI keeps the script working; it asserts n
 program's names for unnamed tensors found once per moment of the program (a checker flush)
 against a walk of the collector's objects per batch of findings (`instrumentation/names.py`),
 with the walks counted and the findings compared.
+
+`--whole-run N` times a whole `racecheck run` (its warm-up, the instrumented run and its
+reference side by side) in fresh processes, N rounds alternating: with the run-time cuts of
+2026-11-27 (the interpreter's unread overflow checks skipped, names once per moment, the
+reference unchecked) against all three off, in the same code.
 
 Then, side by side in one process: what importing sglang costs a forked engine process (every
 run, instrumented or reference, is one) from a cold parent, and from a parent warmed by
@@ -54,6 +60,25 @@ print(json.dumps({"import": t_import, "run": total, **server.TIMINGS,
 """
 
 
+WHOLE = r"""
+import sys, time
+import racecheck
+from racecheck.instrumentation import names, triton_kernels
+if sys.argv[1] == "off":
+    triton_kernels.OVERFLOW_CHECKS_AS_COMPILED = False
+    names.ONE_PASS_PER_MOMENT = False
+    real = racecheck.session
+    def session(*a, **k):
+        k.pop("check", None)
+        return real(*a, **k)
+    racecheck.session = session
+from racecheck.cli.main import main
+t = time.perf_counter()
+code = main(["run", *sys.argv[2:]])
+print("@@", time.perf_counter() - t, code)
+"""
+
+
 WARM = r"""
 import json, sys, time
 from racecheck import scenarios
@@ -88,6 +113,25 @@ def phase(scenario: str, cfg: dict, naming: str = "moment") -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def whole_run(scenario: str, cfg: dict, rounds: int) -> None:
+    import statistics
+    sets = [a for k, v in cfg.items() for a in ("--set", f"{k}={v}")]
+    got = {"off": [], "on": []}
+    for r in range(rounds):
+        for how in (("off", "on") if r % 2 == 0 else ("on", "off")):
+            p = subprocess.run([sys.executable, "-c", WHOLE, how, scenario, *sets],
+                               capture_output=True, text=True, check=False)
+            line = [ln for ln in p.stdout.splitlines() if ln.startswith("@@")]
+            if not line or line[-1].split()[2] != "0":
+                raise SystemExit(f"bench_sglang: racecheck run failed:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+            got[how].append(float(line[-1].split()[1]))
+    off, on = statistics.median(got["off"]), statistics.median(got["on"])
+    shown = " ".join(f"{k}={v}" for k, v in cfg.items()) or "(defaults)"
+    print(f"racecheck run {scenario} {shown}, {rounds} rounds: cuts off {off:.1f}s "
+          f"{[round(x, 1) for x in got['off']]}, on {on:.1f}s {[round(x, 1) for x in got['on']]} "
+          f"(x{off / on:.2f})")
+
+
 def naming(scenario: str, cfg: dict) -> None:
     import statistics
     runs = {"moment": [], "batch": []}
@@ -107,6 +151,8 @@ def main(argv=None) -> int:
     ap.add_argument("--scenario", default="sglang-eagle-v2")
     ap.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--whole-run", type=int, default=0, metavar="ROUNDS",
+                    help="a whole racecheck run with the cuts off and on, alternating")
     ap.add_argument("--naming", action="store_true", help="names once per moment against once "
                     "per batch of findings (graphs off unless --set)")
     args = ap.parse_args(argv)
@@ -125,6 +171,8 @@ def main(argv=None) -> int:
           f"import {got['import']:.1f}s + construction {got['construction']:.1f}s (graph capture "
           f"included) + loop {got['loop']:.1f}s ({got['iterations']} iterations, "
           f"{got['events']} events, {got['findings']} findings) + the rest")
+    if args.whole_run:
+        whole_run(args.scenario, cfg, args.whole_run)
     if args.naming:
         naming(args.scenario, {"graphs": "off", **cfg})
     w = warm_imports(args.scenario)
