@@ -42,8 +42,10 @@ def test_as_shipped_search_never_disables_shipped_synchronization(scenario, flav
     fixed = None if flavour == "cuda" else {"flavour": flavour}
     target = FuzzTarget(scenario, fixed=fixed)
     sc = target.sc
-    drawn = _examples(target, 150)
-    assert len(drawn) > 120
+    # graphs is an engine-shape knob, varied by about one example in twenty (the search keeps
+    # an engine's shape for many schedules): 300 examples see it both ways
+    drawn = _examples(target, 300)
+    assert len(drawn) > 240
     varied = set()
     for example, cfg in drawn:
         # the knobs the example sets are all shipped configurations (or held at the user's value)
