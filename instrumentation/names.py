@@ -53,7 +53,7 @@ class HolderNames:
         if key in self._cache:
             return self._cache[key]
         try:
-            self._look_for([storage])
+            self._look_for([storage], new_batch=False)
             name = self._best(self._holders[storage], lo, hi)
         except Exception:       # naming is a courtesy: never let it break a report
             name = None
@@ -65,15 +65,20 @@ class HolderNames:
         earlier batches are forgotten once the program has run: it may hold its tensors
         differently now)."""
         try:
-            self._look_for(storages)
+            self._look_for(storages, new_batch=True)
         except Exception:       # naming is a courtesy
             pass
 
-    def _look_for(self, storages) -> None:
-        now = self._moment() if self._moment is not None and ONE_PASS_PER_MOMENT else None
-        if now is None or now != self._at:
+    def _look_for(self, storages, *, new_batch: bool) -> None:
+        """Holders of `storages`, walking only for those not found since the program last ran
+        (without a moment: since the last batch of findings)."""
+        if self._moment is not None and ONE_PASS_PER_MOMENT:
+            now = self._moment()
+            stale, self._at = now != self._at, now
+        else:
+            stale = new_batch
+        if stale:
             self._holders = {}
-            self._at = now
         todo = [st for st in dict.fromkeys(storages) if st not in self._holders]
         if not todo:
             return

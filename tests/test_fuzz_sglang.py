@@ -196,7 +196,7 @@ def _seed_sites():
 
 
 @pytest.mark.parametrize("scenario,site,fixed,found_as", _seed_sites())
-def test_every_other_seed_site_dropped_is_found_and_confirmed_on_a_fresh_engine(
+def test_every_other_seed_site_dropped_is_found_shrunk_and_saved(
         tmp_path, scenario, site, fixed, found_as):
     """The seed sites the two tests above leave out, each dropped with `--drop-sync` and
     searched from scratch (no database, a fixed seed): the search finds its failure within the

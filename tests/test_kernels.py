@@ -421,7 +421,7 @@ def test_the_interpreter_scans_triton_language_once_per_session(monkeypatch):
     assert all(tl.core.is_builtin(getattr(tl, n)) for n in ("load", "store", "arange"))
 
 
-def test_the_interpreter_skips_overflow_checks_nothing_reads():
+def test_the_interpreter_skips_overflow_checks_nothing_reads(monkeypatch):
     """Without `debug` a compiled launch drops its integer-overflow checks (`device_assert`
     ignores them); under the session the interpreter does not compute them either, and gives
     the same results; after the session its options are Triton's own again."""
@@ -436,14 +436,11 @@ def test_the_interpreter_skips_overflow_checks_nothing_reads():
         return real(self, lhs, rhs, op)
     x = torch.arange(64, dtype=torch.float32)
     idx = torch.arange(63, -1, -1, dtype=torch.int64)
-    semantic.TritonSemantic.binary_op_sanitize_overflow_impl = counted
-    try:
-        with racecheck.session(device="sim"):
-            assert interpreter.interpreter_builder.options.sanitize_overflow is False
-            out = torch.zeros(64)
-            gather_scale[(4,)](x, out, idx, 64, BLOCK=16)
-    finally:
-        semantic.TritonSemantic.binary_op_sanitize_overflow_impl = real
+    monkeypatch.setattr(semantic.TritonSemantic, "binary_op_sanitize_overflow_impl", counted)
+    with racecheck.session(device="sim"):
+        assert interpreter.interpreter_builder.options.sanitize_overflow is False
+        out = torch.zeros(64)
+        gather_scale[(4,)](x, out, idx, 64, BLOCK=16)
     assert torch.equal(out, x.flip(0) * 2)
     assert checks and not any(checks)       # asked, and answered without computing a check
     assert interpreter.interpreter_builder.options is own and own.sanitize_overflow

@@ -67,6 +67,7 @@ def test_without_a_moment_every_batch_walks():
     names.prefetch([sid])
     names.prefetch([sid])
     assert names.passes == 2 and names(sid) == "a"
+    assert names.passes == 2            # a name asked after its batch's walk costs none
 
 
 def test_a_session_names_a_race_by_its_holder_once_per_flush():
