@@ -17,6 +17,8 @@ PURE_WRITES = {
     "geometric_", "cauchy_", "log_normal_", "index_put_", "_index_put_impl_", "index_copy_",
     "index_fill_", "scatter_", "masked_fill_", "masked_scatter_", "set_", "resize_",
     "fill_diagonal_", "_copy_from", "_copy_from_and_resize",
+    # the list forms (sglang's graph input registry fills its slots with one grouped copy)
+    "_foreach_copy_", "_foreach_zero_",
 }
 
 # Ops whose footprint on `self` (or the written argument) depends on index values.
