@@ -143,13 +143,6 @@ def _engine(cfg: dict, rc, *, gpu: bool):
         missing = surface.missing()
         if missing:
             raise surface.mismatch(f"no {missing[0]}")
-        if cfg["flavour"] == "npu" and cfg.get("speculative", True) \
-                and not any(touch.exists() for touch in surface.TRITON_TREE):
-            raise surface.EngineMismatch(
-                f"sglang {surface.installed_version() or '(no version)'}: the npu flavour of "
-                "EAGLE needs sglang 0.5.15 or later: before it, sglang verifies the draft tree on "
-                "Ascend only with sgl_kernel_npu's op, which racecheck does not stand in for "
-                "(docs/SGLANG_RELEASES.md)")
         if cfg.get("speculative", True) and surface.SPEC_V2_SWITCH.exists():
             # before 0.5.14: spec v2 behind sglang's own switch (off by default up to 0.5.10)
             stack.enter_context(_environment({"SGLANG_ENABLE_SPEC_V2": "1"}))

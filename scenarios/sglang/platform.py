@@ -69,6 +69,8 @@ def flavour(name: str):
                 triton_tree = True
         if not triton_tree:
             stack.enter_context(_tree_build_stand_in(applied))
+            if name == "npu":
+                stack.enter_context(_cuda_greedy_verify_on_npu(applied))
         stack.enter_context(_greedy_verify_in_triton(applied))
         if surface.CAPABILITIES.exists() and surface.CAPABILITIES_TYPE.exists():
             owner, attr = surface.CAPABILITIES.owner_and_name()
@@ -80,6 +82,22 @@ def flavour(name: str):
             import torch
             stack.enter_context(patched(torch.Tensor, "is_cuda", property(lambda t: False)))
         yield applied
+
+
+@contextlib.contextmanager
+def _cuda_greedy_verify_on_npu(applied: list):
+    """Before 0.5.15 sglang's greedy verify has a CUDA branch (sgl_kernel's op) and an Ascend one
+    (sgl_kernel_npu's), no Triton one. On the npu flavour the CUDA branch runs, with racecheck's
+    stand-in for that op (`_greedy_verify_stand_in`): the same inputs and outputs as Ascend's.
+    In those releases' `eagle_utils`, `_is_cuda` picks that op and sgl_kernel's tree build
+    (also stood in) and nothing else (read in 0.5.8.post1 and 0.5.12.post1)."""
+    eagle_utils = _module("sglang.srt.speculative.eagle_utils")
+    if eagle_utils is None or "_is_cuda" not in vars(eagle_utils):
+        yield
+        return
+    with patched(eagle_utils, "_is_cuda", True):
+        applied.append("sglang.srt.speculative.eagle_utils._is_cuda (greedy verify)")
+        yield
 
 
 @contextlib.contextmanager
