@@ -196,7 +196,7 @@ PLATFORM_FLAGS = {
         # runs. Without it, a release that computes them here (before 0.5.22, which prepares them
         # with the draft) falls through every platform branch and verifies with no cache
         # locations. In these modules `_is_cuda` picks that kernel and nothing else (read in
-        # 0.5.12.post1, 0.5.15.post1, 0.5.21 and 0.5.23).
+        # 0.5.8.post1, 0.5.12.post1, 0.5.13.post1, 0.5.15.post1, 0.5.21 and 0.5.23).
         "sglang.kernels.ops.speculative.cache_locs": ("_is_cuda",),
         "sglang.srt.speculative.triton_ops.cache_locs": ("_is_cuda",),
         "sglang.srt.speculative.eagle_info_v2": ("_is_cuda",),
