@@ -13,7 +13,9 @@ hip   the ROCm branches (`publish_ready.synchronize()` in `resolve_seq_lens_cpu`
       resolved inside the forward stream, synchronous result copies) and no WAR barrier.
 npu   the Ascend branches of the speculative worker (mrope recompute after the plan-stream join,
       metadata ready only for graph replays, graph runners keep their own input buffers), no
-      WAR barrier; Ascend tensors are not `is_cuda`.
+      WAR barrier; Ascend tensors are not `is_cuda`. Where Ascend calls an op of its own (the
+      verify's cache locations before 0.5.22, the greedy verify before 0.5.15), the kernel
+      with the same inputs and outputs runs.
 
 Kernels sglang implements only as CUDA C++ (tree build, greedy verify) run as the Triton
 versions sglang ships for XPU, on every flavour: same inputs, same outputs. Releases that ship no
