@@ -89,16 +89,14 @@ def flavour(name: str):
 @contextlib.contextmanager
 def _cuda_greedy_verify_on_npu(applied: list):
     """Before 0.5.15 sglang's greedy verify has a CUDA branch (sgl_kernel's op) and an Ascend one
-    (sgl_kernel_npu's), no Triton one. On the npu flavour the CUDA branch runs, with racecheck's
-    stand-in for that op (`_greedy_verify_stand_in`): the same inputs and outputs as Ascend's.
-    In those releases' `eagle_utils`, `_is_cuda` picks that op and sgl_kernel's tree build
-    (also stood in) and nothing else (read in 0.5.8.post1 and 0.5.12.post1)."""
-    eagle_utils = _module("sglang.srt.speculative.eagle_utils")
-    if eagle_utils is None or "_is_cuda" not in vars(eagle_utils):
+    (sgl_kernel_npu's), no Triton one: on the npu flavour the CUDA branch runs, with racecheck's
+    stand-in for that op (`_greedy_verify_stand_in`), the same inputs and outputs as Ascend's."""
+    if not surface.NPU_GREEDY_VERIFY_BRANCH.exists():
         yield
         return
-    with patched(eagle_utils, "_is_cuda", True):
-        applied.append("sglang.srt.speculative.eagle_utils._is_cuda (greedy verify)")
+    owner, flag = surface.NPU_GREEDY_VERIFY_BRANCH.owner_and_name()
+    with patched(owner, flag, True):
+        applied.append(surface.NPU_GREEDY_VERIFY_BRANCH.target)
         yield
 
 

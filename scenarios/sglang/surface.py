@@ -229,6 +229,12 @@ NATIVE_GREEDY_VERIFY = Touch("sglang.srt.speculative.eagle_utils:verify_tree_gre
                              "0.5.8-0.5.14: imports sgl_kernel's verify_tree_greedy when it is "
                              "called on CUDA/HIP: tree_ops' stand-in is that name",
                              optional=True)
+# On the npu flavour those releases' greedy verify takes its CUDA branch (the stand-in above)
+# where Ascend calls sgl_kernel_npu's op: `_is_cuda` there picks that op and sgl_kernel's tree
+# build and nothing else (read in 0.5.8.post1, 0.5.12.post1, 0.5.13.post1).
+NPU_GREEDY_VERIFY_BRANCH = Touch("sglang.srt.speculative.eagle_utils:_is_cuda",
+                                 "0.5.8-0.5.14 on the npu flavour: the greedy verify's CUDA branch, "
+                                 "with the stand-in, for Ascend's own op", optional=True)
 VERIFY_GREEDY_TRITON = Touch("sglang.srt.speculative.eagle_utils:verify_tree_greedy_triton",
                              "greedy verify in Triton, for releases whose CUDA branch calls the "
                              "C++ op", optional=True)
