@@ -197,6 +197,16 @@ def _seed_sites():
     ]
 
 
+def _set_args(fixed: dict) -> list:
+    """`--set KNOB=VALUE` arguments for knobs given as Python values."""
+    out = []
+    for knob, value in fixed.items():
+        if isinstance(value, bool):
+            value = "on" if value else "off"
+        out += ["--set", f"{knob}={value}"]
+    return out
+
+
 @pytest.mark.parametrize("scenario,site,fixed,found_as", _seed_sites())
 def test_every_other_seed_site_dropped_is_found_shrunk_and_saved(
         tmp_path, scenario, site, fixed, found_as):
@@ -207,14 +217,23 @@ def test_every_other_seed_site_dropped_is_found_shrunk_and_saved(
     finds the failure, shrinks what it drew and saves the record, which says which engine showed
     it. A failure seen on a reused engine is tried on a fresh one first; a WAR race may need the
     rows a reused engine's history put where they are, and its record then says it came from the
-    reused engine (docs/FUZZING.md)."""
-    target = FuzzTarget(scenario, fixed={"drop_sync": site, **fixed})
-    report = Fuzzer(target, database=None, findings_dir=str(tmp_path), budget_s=420, max_examples=4,
-                    seed=31, first_only=True).run()
-    assert report.failures, (report.examples, report.stopped, report.engines)
-    [(key, found)] = report.failures.items()
-    assert key in found_as, key
-    rec = json.loads(open(found.path).read())
+    reused engine (docs/FUZZING.md).
+
+    Each search is `racecheck fuzz` in a process of its own, as users run it. Run inside the
+    suite's pytest process instead, after the tests before it, the three schedule-stream races
+    (both WAR barriers, the publish wait) were not found in four examples, on CI and here; run
+    alone they are found in the first. The engines are forked from the searching process, so
+    something that process kept from earlier tests reaches them; what, is not established."""
+    findings = tmp_path / "findings"
+    cmd = [sys.executable, "-m", "racecheck", "fuzz", scenario, "--drop-sync", site, *_set_args(fixed),
+           "--max-examples", "4", "--seed", "31", "--first", "--db", "none",
+           "--findings-dir", str(findings), "--quiet"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    records = sorted(findings.glob("*.json"))
+    assert len(records) == 1, proc.stdout
+    rec = json.loads(records[0].read_text())
+    assert rec["failure"]["key"] in found_as, proc.stdout
     assert rec["config"]["drop_sync"] == site and rec["search"]["shrunk"]
     assert rec["search"]["engine"].startswith(("fresh: confirmed on a fresh engine", "reused: ")), \
         rec["search"]
