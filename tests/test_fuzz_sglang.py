@@ -154,25 +154,31 @@ def test_a_dropped_verify_plan_wait_is_found_shrunk_and_confirmed_on_a_fresh_eng
     assert report.engines["confirmations"]["confirmed"] >= 1
 
 
-def test_a_dropped_site_is_found_and_its_record_replays(tmp_path):
-    """The `no-draft_extend_plan_wait` seed (no graphs needed) as `--drop-sync`; a schedule that
-    decodes is fixed with --set, so the first example already shows the race."""
+def _fuzz_finds_one(scenario: str, site: str, args: list, tmp_path) -> tuple:
+    """`racecheck fuzz --first` with `site` dropped, in a process of its own: it exits 1 with one
+    repro record; (its path, its contents)."""
     findings = tmp_path / "findings"
-    cmd = [sys.executable, "-m", "racecheck", "fuzz", SC, "--drop-sync", SITE, "--set", "arrivals=0:2x4",
-           "--set", "graphs=off", "--budget", "10s", "--first", "--seed", "1", "--db", str(tmp_path / "db"),
+    cmd = [sys.executable, "-m", "racecheck", "fuzz", scenario, "--drop-sync", site, *args, "--first",
            "--findings-dir", str(findings), "--quiet"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     records = sorted(findings.glob("*.json"))
     assert len(records) == 1, proc.stdout
-    rec = json.loads(records[0].read_text())
+    return records[0], json.loads(records[0].read_text())
+
+
+def test_a_dropped_site_is_found_and_its_record_replays(tmp_path):
+    """The `no-draft_extend_plan_wait` seed (no graphs needed) as `--drop-sync`; a schedule that
+    decodes is fixed with --set, so the first example already shows the race."""
+    record, rec = _fuzz_finds_one(SC, SITE, ["--set", "arrivals=0:2x4", "--set", "graphs=off", "--budget", "10s",
+                                             "--seed", "1", "--db", str(tmp_path / "db")], tmp_path)
     key = rec["failure"]["key"]
     assert rec["failure"]["rule"] == "RC001" and fnmatch.fnmatchcase(rec["failure"]["tensor"], "*.seq_lens"), key
     assert rec["config"]["drop_sync"] == SITE and rec["config"]["arrivals"] == "0:2x4"
     assert rec["config"]["graphs"] is False
-    assert "-set-" in records[0].name                 # not named as the shipped code's failure
+    assert "-set-" in record.name                 # not named as the shipped code's failure
     assert rec["search"]["engine"].startswith("fresh: confirmed on a fresh engine"), rec["search"]
-    replay = subprocess.run([sys.executable, "-m", "racecheck", "repro", str(records[0])],
+    replay = subprocess.run([sys.executable, "-m", "racecheck", "repro", str(record)],
                             capture_output=True, text=True, timeout=600)
     assert replay.returncode == 1, replay.stdout + replay.stderr
     assert f"reproduced: {key}" in replay.stdout
@@ -224,16 +230,9 @@ def test_every_other_seed_site_dropped_is_found_shrunk_and_saved(
     (both WAR barriers, the publish wait) were not found in four examples, on CI and here; run
     alone they are found in the first. The engines are forked from the searching process, so
     something that process kept from earlier tests reaches them; what, is not established."""
-    findings = tmp_path / "findings"
-    cmd = [sys.executable, "-m", "racecheck", "fuzz", scenario, "--drop-sync", site, *_set_args(fixed),
-           "--max-examples", "4", "--seed", "31", "--first", "--db", "none",
-           "--findings-dir", str(findings), "--quiet"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    records = sorted(findings.glob("*.json"))
-    assert len(records) == 1, proc.stdout
-    rec = json.loads(records[0].read_text())
-    assert rec["failure"]["key"] in found_as, proc.stdout
+    _, rec = _fuzz_finds_one(scenario, site, [*_set_args(fixed), "--max-examples", "4", "--seed", "31",
+                                              "--db", "none"], tmp_path)
+    assert rec["failure"]["key"] in found_as, rec["failure"]
     assert rec["config"]["drop_sync"] == site and rec["search"]["shrunk"]
     assert rec["search"]["engine"].startswith(("fresh: confirmed on a fresh engine", "reused: ")), \
         rec["search"]
