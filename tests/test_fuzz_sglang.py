@@ -203,16 +203,6 @@ def _seed_sites():
     ]
 
 
-def _set_args(fixed: dict) -> list:
-    """`--set KNOB=VALUE` arguments for knobs given as Python values."""
-    out = []
-    for knob, value in fixed.items():
-        if isinstance(value, bool):
-            value = "on" if value else "off"
-        out += ["--set", f"{knob}={value}"]
-    return out
-
-
 @pytest.mark.parametrize("scenario,site,fixed,found_as", _seed_sites())
 def test_every_other_seed_site_dropped_is_found_shrunk_and_saved(
         tmp_path, scenario, site, fixed, found_as):
@@ -230,8 +220,9 @@ def test_every_other_seed_site_dropped_is_found_shrunk_and_saved(
     (both WAR barriers, the publish wait) were not found in four examples, on CI and here; run
     alone they are found in the first. The engines are forked from the searching process, so
     something that process kept from earlier tests reaches them; what, is not established."""
-    _, rec = _fuzz_finds_one(scenario, site, [*_set_args(fixed), "--max-examples", "4", "--seed", "31",
-                                              "--db", "none"], tmp_path)
+    sets = [arg for knob, value in fixed.items() for arg in ("--set", f"{knob}={value}")]
+    _, rec = _fuzz_finds_one(scenario, site, [*sets, "--max-examples", "4", "--seed", "31", "--db", "none"],
+                             tmp_path)
     assert rec["failure"]["key"] in found_as, rec["failure"]
     assert rec["config"]["drop_sync"] == site and rec["search"]["shrunk"]
     assert rec["search"]["engine"].startswith(("fresh: confirmed on a fresh engine", "reused: ")), \
