@@ -435,7 +435,7 @@ def run(sc: Scenario, cfg: dict, device: str = "sim", seed: int = 0,
         _remember_reference(sc, cfg, seed, ref)
     else:
         ref = reference_outputs(sc, cfg, seed)
-    diffs = compare_outputs(outputs, ref)
+    diffs = compare_outputs(outputs, ref, sc.diff_fields)
     diff_ok = not diffs
     detail = "outputs equal the serialized run" if diff_ok else "; ".join(d[1] for d in diffs[:6])
     if len(diffs) > 6:
@@ -509,15 +509,17 @@ def run_plain(sc: Scenario, cfg: dict, device: str = "cuda", seed: int = 0) -> d
     return sc.run_once(cfg, RunContext(dm, device, None, pin=device != "cpu", seed=seed))
 
 
-def compare_outputs(got: dict, ref: dict) -> list:
-    """[(field, message)] for every request whose field differs from the reference."""
+def compare_outputs(got: dict, ref: dict, fields: dict | None = None) -> list:
+    """[(field, message)] for every key (a request, unless the scenario's `diff_fields` names
+    the field's keys otherwise, e.g. a KV slot) whose value differs from the reference."""
     diffs = []
     for fieldname in ref:
         a, b = got.get(fieldname, {}), ref[fieldname]
+        noun = (fields or {}).get(fieldname, {}).get("key", "request")
         for rid in sorted(set(a) | set(b), key=_rid_key):
             va, vb = a.get(rid), b.get(rid)
             if va != vb:
-                diffs.append((fieldname, f"{fieldname} of request {rid}: {_describe_diff(va, vb)}"))
+                diffs.append((fieldname, f"{fieldname} of {noun} {rid}: {_describe_diff(va, vb)}"))
     return diffs
 
 

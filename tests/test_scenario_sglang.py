@@ -40,6 +40,8 @@ def test_as_shipped_reports_only_triaged_upstream_races(graphs, eager):
     assert res.diff_ok, res.diff_detail
     outputs = res.outputs["output_ids"]
     assert outputs and all(len(v) > 0 for v in outputs.values())
+    # the KV oracle reads the target's pool: a slot for every token the forwards computed
+    assert len(res.outputs["kv_cache"]) >= sum(len(v) - 1 for v in outputs.values())
     # the triaged races (FINDINGS.md) are reported apart, not hidden: the start-up writes on
     # the default stream and, with graphs, the draft-extend graph's padded rows
     assert res.known
@@ -65,6 +67,10 @@ def test_every_seed_is_flagged_with_the_engines_name(variant):
                if not any(r == rule and fnmatch.fnmatchcase(t, pattern) for r, t in got)]
     assert not missing, f"{variant}: missing {missing}; got {sorted(got)}{what_ran(res)}"
     assert not res.unmatched_drops
+    # sim runs device work in issue order: the values, the KV pool's slot by slot too, are the
+    # serialized run's (made in a process of its own), whatever the dropped wait
+    kv = res.outputs.get("kv_cache")
+    assert kv and kv == res.reference_outputs.get("kv_cache") and res.diff_ok, res.diff_detail
 
 
 def test_the_plain_overlap_scheduler_is_clean_and_needs_its_war_barrier():

@@ -5,12 +5,13 @@ launched before may still read them (docs/FINDINGS.md).
 Run through sglang's own front door. Needs sglang and triton.
 """
 import importlib.util
+import re
 import subprocess
 import sys
 
 import pytest
 
-from helpers import run_alone, what_ran
+from helpers import racecheck_cli, run_alone, what_ran
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("sglang") is None or importlib.util.find_spec("triton") is None,
@@ -33,6 +34,21 @@ def test_rocm_as_shipped_hands_the_row_over_while_the_forward_reads_it():
     assert all(f.current.stream == "schedule_stream" and f.previous.kind == "read"
                for f in rows), [f.message() for f in rows]
     assert res.diff_ok                                   # issue order: no wrong values
+
+
+def test_held_right_after_the_publish_the_forward_still_changes_no_token_and_no_kv_slot():
+    """docs/FINDINGS.md ("Why the values hold"): on the ROCm branches the host waits for the
+    publish, so the window is what the forward runs after it. Held there (and deprioritized
+    under the adversarial executor), the race is reported and the values, tokens and every KV
+    slot, are still the serialized run's."""
+    proc = racecheck_cli("run", SC, "--variant", "rocm-prefix-reuse", "--set",
+                         "publish_delay_us=200000", "--plan",
+                         '{"priorities": {"forward_stream": -1}}', timeout=900)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "ReqToTokenPool.req_to_token" in proc.stdout
+    assert "differential: outputs equal the serialized run" in proc.stdout, proc.stdout[-2000:]
+    holds = re.search(r"executor: (\d+) device ops ordered by the plan, (\d+) holds", proc.stdout)
+    assert holds and int(holds.group(2)) > 0, proc.stdout[-2000:]
 
 
 def test_sglangs_own_switch_puts_the_barrier_back_on_rocm():

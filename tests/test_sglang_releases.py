@@ -72,3 +72,19 @@ def test_the_npu_flavour_runs_on_the_release(version, venv, tmp_path):
     assert ("RC002", "ReqToTokenPool.req_to_token") in shipped, sorted(shipped)
     if (0, 5, 13) <= release_key(version) < (0, 5, 22):
         assert ("RC001", "ForwardBatch.seq_lens") in shipped, sorted(shipped)
+
+
+@pytest.mark.parametrize("version,venv", _releases())
+def test_a_hold_after_the_publish_needs_a_release_that_publishes(version, venv):
+    """`publish_delay_us` holds the forward stream after `FutureMap.publish` (0.5.13 on); on an
+    older release it is one line naming what is missing (exit 2), not a run without the hold."""
+    from racecheck.scenarios.sglang.surface import release_key
+    if release_key(version) >= (0, 5, 13):
+        pytest.skip("the release publishes seq_lens: the held run is test_sglang_prefix_reuse's")
+    proc = subprocess.run([os.path.join(venv, "bin", "python"), "-m", "racecheck", "run",
+                           "sglang-eagle-v2", "--set", "graphs=off", "--set",
+                           "publish_delay_us=1000"],
+                          capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "publish_delay_us needs FutureMap.publish" in lines[0], lines

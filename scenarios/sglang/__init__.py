@@ -72,6 +72,10 @@ _SCHEDULE_KNOBS = [
     Knob("seed", 0, "int", "prompt tokens and the dummy weights", minimum=0),
 ]
 KNOBS = _SCHEDULE_KNOBS[:4] + [
+    Knob("publish_delay_us", 0, "int", "hold the forward stream this long right after "
+         "FutureMap.publish records publish_ready (sglang 0.5.13 on): the next schedule, which "
+         "waits only for the publish, runs ahead of the draft extend", minimum=0,
+         maximum=1_000_000),
     Knob("plan_stream", True, "bool", "SGLANG_ENABLE_OVERLAP_PLAN_STREAM: verify and draft-extend "
          "metadata prepared on the workers' plan streams (an option sglang ships, off by "
          "default upstream; the seeds live on it)"),
@@ -162,7 +166,11 @@ def _strategy(sc, fixed, explore):
 
 _DIFF_FIELDS = {"output_ids": {"producer": "the forward (Scheduler.run_batch)",
                               "consumer": "Scheduler.process_batch_result",
-                              "stream": "forward_stream"}}
+                              "stream": "forward_stream"},
+                # oracles.py: the target's KV pool by slot, read after the loop
+                "kv_cache": {"producer": "the forward's KV write (MHATokenToKVPool.set_kv_buffer)",
+                             "consumer": "a later forward's attention over the cached prefix",
+                             "stream": "forward_stream", "key": "slot"}}
 
 
 def _engine_version():
@@ -179,9 +187,9 @@ SCENARIO = Scenario(
     reference=_reference, diff_fields=_DIFF_FIELDS,
     session_options=lambda cfg, device: {"route_cuda": device == "sim"},
     strategy=_strategy,
-    # flavour and max_steps are "drawn" by never changing them (see strategy.py)
+    # flavour, max_steps and publish_delay_us are "drawn" by never changing them (strategy.HELD)
     drawn_knobs=("arrivals", "steps", "topk", "draft_tokens", "shared_prefix", "graph_bs",
-                 "flavour", "max_steps"))
+                 "flavour", "max_steps", "publish_delay_us"))
 KNOWN_RACES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "known-races.supp")
 SCENARIO.engine_version = _engine_version
 SCENARIO.known_findings = KNOWN_RACES

@@ -95,10 +95,17 @@ def arrivals_of(cfg: dict) -> list:
 
 
 def _run(cfg: dict, rc, *, gpu: bool) -> dict:
+    from .oracles import kv_cache
+    built = []
+
+    def started(scheduler):
+        built.append(scheduler)
+        on_start(scheduler)
     with _engine(cfg, rc, gpu=gpu) as on_start:
         outputs, _info = serve(shape_of(cfg), arrivals_of(cfg), max_steps=cfg["max_steps"],
-                               stop_token=cfg["stop_token"], on_start=on_start)
-    return {"output_ids": outputs}
+                               stop_token=cfg["stop_token"], on_start=started)
+        kv = kv_cache(built[0]) if built else None
+    return {"output_ids": outputs, **({"kv_cache": kv} if kv is not None else {})}
 
 
 def serve_stretches(cfg: dict, rc, channel, *, shape: Shape, begin, end) -> None:
@@ -161,6 +168,8 @@ def _engine(cfg: dict, rc, *, gpu: bool):
                 stack.enter_context(padding_sites(rc.sync_sites))
         if cfg.get("forward_delay_us"):
             stack.enter_context(_forward_delay(_delay(rc, gpu), cfg["forward_delay_us"]))
+        if cfg.get("publish_delay_us"):
+            stack.enter_context(_publish_delay(_delay(rc, gpu), cfg["publish_delay_us"]))
 
         # start-up is over when the loop first asks for requests: an execution-order plan
         # `from: serving` (the fuzzer's, for these scenarios) orders only the traffic
@@ -252,6 +261,26 @@ def _forward_delay(delay, us: int):
         delay(scheduler.forward_stream, us)
         return run_batch(scheduler, *args, **kwargs)
     with patched(Scheduler, name, delayed_run_batch):
+        yield
+
+
+@contextlib.contextmanager
+def _publish_delay(delay, us: int):
+    """Hold the stream that publishes seq_lens `us` right after `FutureMap.publish` recorded
+    `publish_ready` (`publish_delay_us`): the schedule stream, which waits only for the
+    publish, runs ahead of what the forward launches after it (the draft extend)."""
+    if not surface.PUBLISH.exists():
+        raise surface.mismatch("publish_delay_us needs FutureMap.publish (sglang 0.5.13 and "
+                               "later)")
+    import torch
+    FutureMap, name = surface.PUBLISH.owner_and_name()
+    publish = surface.PUBLISH.get()
+
+    def held_publish(future_map, *args, **kwargs):
+        out = publish(future_map, *args, **kwargs)
+        delay(torch.get_device_module("cuda").current_stream(), us)
+        return out
+    with patched(FutureMap, name, held_publish):
         yield
 
 

@@ -26,8 +26,8 @@ from dataclasses import replace
 # knobs that are traffic, not construction: they change per stretch on one engine
 STRETCH_KNOBS = ("arrivals", "shared_prefix", "prefix_len", "stop_token", "max_steps")
 # the knobs of the engine's shape the fuzzer draws (the others are held: flavour, drop_sync)
-SHAPE_KNOBS = ("graphs", "graph_bs", "plan_stream", "war_barrier", "forward_delay_us", "seed",
-               "topk", "steps", "draft_tokens")
+SHAPE_KNOBS = ("graphs", "graph_bs", "plan_stream", "war_barrier", "forward_delay_us",
+               "publish_delay_us", "seed", "topk", "steps", "draft_tokens")
 # the engine is built for this many running requests (at least), so that every drawn schedule
 # fits one engine (strategy.py: 4 groups of 6 per phase); a busier schedule gets its own engine
 RUNNING_REQUESTS = 24

@@ -71,8 +71,10 @@ SHIPPED = {
     "forward_delay_us": "no setting: a hold on the forward stream before run_batch (timing only)",
 }
 # Knobs every example keeps at the user's value (or the default): the platform is the runner's,
-# the step cap only guards the loop, and dropped sites come only from --drop-sync or a variant.
-HELD = ("flavour", "max_steps", "drop_sync")
+# the step cap only guards the loop, dropped sites come only from --drop-sync or a variant, and
+# the hold after the publish exists from sglang 0.5.13 on (a drawn value would stop older
+# releases' searches; execution-order plans move the forward stream anyway).
+HELD = ("flavour", "max_steps", "drop_sync", "publish_delay_us")
 
 MAX_GROUPS = 4                  # per phase
 MAX_PHASES = 3

@@ -122,6 +122,9 @@ RECV = Touch("sglang.srt.managers.io_struct:sock_recv",
              "decodes the scheduler's output messages (pickled before it)", optional=True)
 RUN_BATCH = Touch(f"{SCHEDULER}:Scheduler.run_batch",
                   "forward_delay_us holds the forward stream back before each batch launches")
+PUBLISH = Touch("sglang.srt.managers.overlap_utils:FutureMap.publish",
+                "publish_delay_us holds the forward stream right after the forward records "
+                "publish_ready (0.5.13 on: #25879/#26380)", optional=True)
 
 SPEC_V2_SWITCH = Touch("sglang.srt.environ:envs.SGLANG_ENABLE_SPEC_V2",
                        "before 0.5.14: EAGLEWorkerV2 (spec v2, the overlap plan streams) is "
@@ -144,6 +147,13 @@ STREAMS = (
 TENSORS = (
     ("ReqToTokenPool.req_to_token", "req_to_token_pool.req_to_token"),
 )
+
+# The KV oracle (oracles.py), read after the loop ended: the target model's KV pool through the
+# scheduler's allocator (`token_to_kv_pool_allocator.get_kvcache()`, every release), and the
+# pool's per-layer key and value buffers (MHATokenToKVPool; a release or model without them
+# reports no KV field).
+KV_POOL = ("token_to_kv_pool_allocator", "get_kvcache")
+KV_BUFFERS = ("k_buffer", "v_buffer")
 
 # CUDA-graph inputs: sglang's own padding declarations (0.5.13 and later).
 REGISTRY = "sglang.srt.model_executor.cuda_graph_buffer_registry"

@@ -145,6 +145,10 @@ def main(args) -> int:
     else:
         console.print(f"differential: MISMATCH: {res.diff_detail}", style="bold red", markup=False)
         code = max(code, 1)
+    if executor is not None:           # a delay knob that never held anything delays nothing
+        stats = executor.stats
+        console.print(f"executor: {stats.get('ops', 0)} device ops ordered by the plan, "
+                      f"{stats.get('holds', 0)} holds", markup=False)
     for fault in faults[:3]:           # an op that failed under this order: a device fault
         console.print(f"fault: {fault['op']} on {fault['stream']} failed when the plan ran it: "
                       f"{fault['error']}", style="bold red", markup=False, soft_wrap=True)

@@ -164,7 +164,7 @@ class EnginePool:
         outputs = reply["outputs"]
         findings, known = split_known(self.sc, list(reply["findings"]))
         if ref_out is not None:
-            diffs = compare_outputs(outputs, ref_out)
+            diffs = compare_outputs(outputs, ref_out, self.sc.diff_fields)
         else:
             diffs, ref_out = [], outputs
         diff_ok = not diffs
