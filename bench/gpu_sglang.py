@@ -21,8 +21,9 @@ graphs on, the loop is the steady state of graph replays. `--profile` adds one r
 per configuration under cProfile, its time split by component (racecheck's checker, its
 interception, sglang, torch, Triton).
 
-BUNDLE (a GPU machine without a package index): `sglang.txz` (or .tgz: sglang's Python sources
-and its dist-info) and `wheels/` (its light dependencies, and nvidia-ml-py: with NVML the parent
+BUNDLE (a GPU machine without a package index; `scripts/gpu_bundle.sh` makes one): `sglang.txz`
+(or .tgz: sglang's Python sources and its dist-info) and `wheels/` (its light dependencies, and
+nvidia-ml-py: with NVML the parent
 names the GPU without initializing CUDA, so runs can fork; the JSON's `parent` says what
 happened), installed into BUNDLE/site, which goes
 first on the path; the racecheck this process was given (PYTHONPATH, with its C code built)

@@ -149,7 +149,11 @@ def render(results: dict, releases: list, configs: list, seeds: bool) -> str:
              "without a wait; before 0.5.14 CUDA has no WAR barrier, and on 0.5.14 and 0.5.15 "
              "the barrier at the loop's top leaves the previous batch's result processing "
              "unordered with the forward just launched (the plain overlap scheduler's RC002; "
-             "#31687 moved it in 0.5.16): FINDINGS.md has the evidence." + ("" if "hicache" in configs else
+             "#31687 moved it in 0.5.16); on 0.5.8 to 0.5.12 a batch's `seq_lens` is freed "
+             "while the plan streams may still read it (RC005; 0.5.13 pins every batch field "
+             "for two iterations), and before 0.5.13 the graph runners' padded rows (RC006) "
+             "read the last replay's token ids, positions and draft scores, which is benign: "
+             "FINDINGS.md has the evidence." + ("" if "hicache" in configs else
                            " The hierarchical cache (`sglang-hicache`) has its own table, "
                            "[HISTORY_HICACHE.md](HISTORY_HICACHE.md) (`--configs hicache`)."),
              "",
