@@ -152,7 +152,9 @@ def render(results: dict, releases: list, configs: list, seeds: bool) -> str:
              "#31687 moved it in 0.5.16); on 0.5.8 to 0.5.12 a batch's `seq_lens` is freed "
              "while the plan streams may still read it (RC005; 0.5.13 pins every batch field "
              "for two iterations), and before 0.5.13 the graph runners' padded rows (RC006) "
-             "read the last replay's token ids, positions and draft scores, which is benign: "
+             "read the last replay's token ids, positions and draft scores, which is benign; on "
+             "the npu flavour of 0.5.20 to 0.5.22 the results' host copies run without "
+             "`record_stream` (RC005 on `eagle_sample: predict`, 0.5.23 fixed `async_d2h`): "
              "FINDINGS.md has the evidence." + ("" if "hicache" in configs else
                            " The hierarchical cache (`sglang-hicache`) has its own table, "
                            "[HISTORY_HICACHE.md](HISTORY_HICACHE.md) (`--configs hicache`)."),
