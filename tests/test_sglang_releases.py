@@ -88,3 +88,23 @@ def test_a_hold_after_the_publish_needs_a_release_that_publishes(version, venv):
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "publish_delay_us needs FutureMap.publish" in lines[0], lines
+
+
+@pytest.mark.parametrize("version,venv", _releases())
+def test_hicache_on_a_release_before_its_host_pool_is_one_line(version, venv):
+    """sglang-hicache drives the host pool of 0.5.16 on (`surface.HICACHE_HOST_POOL`); an older
+    release is refused in one line (exit 2), not an internal error."""
+    from racecheck.scenarios.sglang.surface import release_key
+    if release_key(version) >= (0, 5, 16):
+        pytest.skip("the release has the host pool sglang-hicache drives (HISTORY_HICACHE.md)")
+    proc = subprocess.run([os.path.join(venv, "bin", "python"), "-m", "racecheck", "run",
+                           "sglang-hicache"], capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    if (0, 5, 11) <= release_key(version) < (0, 5, 13):
+        # these stop earlier, importing the scheduler with HiCache's modules loaded
+        # (sgl_kernel.kvcacheio, which imports.py does not stand in for): one line too
+        assert "cannot import sglang.srt.managers.scheduler" in lines[0], lines
+    else:
+        assert "host KV pool of sglang 0.5.16 and later" in lines[0], lines

@@ -131,6 +131,11 @@ def stand_ins():
     import importlib
 
     import torch
+
+    from . import surface
+    if not surface.HICACHE_HOST_POOL.exists():
+        raise surface.mismatch(f"no {surface.HICACHE_HOST_POOL.target}: sglang-hicache drives "
+                               "the host KV pool of sglang 0.5.16 and later")
     with contextlib.ExitStack() as stack:
         device_module = torch.get_device_module("cuda")
         for name in DEVICE_MODULE_OWNERS:

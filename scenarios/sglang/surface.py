@@ -155,6 +155,12 @@ TENSORS = (
 KV_POOL = ("token_to_kv_pool_allocator", "get_kvcache")
 KV_BUFFERS = ("k_buffer", "v_buffer")
 
+# sglang-hicache (hicache.py): the host KV pool module whose kvcacheio calls the stand-ins
+# replace; before 0.5.16 the host pool lived in mem_cache/memory_pool_host.py, which the scenario
+# does not drive (a release without it is refused in one line).
+HICACHE_HOST_POOL = Touch("sglang.srt.mem_cache.pool_host.mha:MHATokenToKVPoolHost",
+                          "sglang-hicache: the host KV pool (0.5.16 on)", optional=True)
+
 # CUDA-graph inputs: sglang's own padding declarations (0.5.13 and later).
 REGISTRY = "sglang.srt.model_executor.cuda_graph_buffer_registry"
 REGISTER_SLOT = Touch(f"{REGISTRY}:CudaGraphBufferRegistry.register_slot",
