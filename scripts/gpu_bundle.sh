@@ -35,13 +35,15 @@ surface.ENTRY.get()
 for mod in ("sglang.srt.speculative.eagle_worker_v2", "sglang.srt.layers.attention.triton_backend",
             "sglang.srt.models.llama", "sglang.srt.models.llama_eagle"):
     __import__(mod)
-image = {"torch", "triton", "numpy", "sympy", "mpmath", "networkx", "jinja2", "markupsafe",
-         "filelock", "fsspec", "setuptools", "typing-extensions", "tokenizers", "pillow",
-         "racecheck", "sglang", "redis"}
+# what the GPU image brings, what is packed apart (sglang) or installed apart (racecheck), and
+# redis, which only racecheck's fuzz database imports
+not_packed = {"torch", "triton", "numpy", "sympy", "mpmath", "networkx", "jinja2", "markupsafe",
+              "filelock", "fsspec", "setuptools", "typing-extensions", "tokenizers", "pillow",
+              "racecheck", "sglang", "redis"}
 from packaging.requirements import Requirement
 def norm(n): return re.sub(r"[-_.]+", "-", n).lower()
 dists = md.packages_distributions()
-names = {norm(d) for m in list(sys.modules) for d in dists.get(m.split(".")[0], [])} - image
+names = {norm(d) for m in list(sys.modules) for d in dists.get(m.split(".")[0], [])} - not_packed
 # and what they need (a module imported lazily still needs its distribution: openai's distro)
 env = {"extra": "", "python_version": os.environ["PYV"], "sys_platform": "linux",
        "platform_system": "Linux", "platform_machine": "x86_64"}
@@ -52,7 +54,7 @@ while todo:
         if req.marker is not None and not req.marker.evaluate(env):
             continue
         name = norm(req.name)
-        if name not in names and name not in image:
+        if name not in names and name not in not_packed:
             try:
                 md.version(name)
             except md.PackageNotFoundError:
@@ -61,8 +63,10 @@ while todo:
             todo.append(name)
 for name in sorted(names):
     print(f"{name}=={md.version(name)}")
-print(f"nvidia-ml-py=={md.version('nvidia-ml-py')}" if any(
-    d.metadata["Name"] == "nvidia-ml-py" for d in md.distributions()) else "nvidia-ml-py")
+try:
+    print(f"nvidia-ml-py=={md.version('nvidia-ml-py')}")
+except md.PackageNotFoundError:
+    print("nvidia-ml-py")
 EOF
 platforms=()
 for p in manylinux_2_35 manylinux_2_34 manylinux_2_31 manylinux_2_28 manylinux_2_27 manylinux_2_24 \

@@ -81,13 +81,8 @@ def test_a_hold_after_the_publish_needs_a_release_that_publishes(version, venv):
     from racecheck.scenarios.sglang.surface import release_key
     if release_key(version) >= (0, 5, 13):
         pytest.skip("the release publishes seq_lens: the held run is test_sglang_prefix_reuse's")
-    proc = subprocess.run([os.path.join(venv, "bin", "python"), "-m", "racecheck", "run",
-                           "sglang-eagle-v2", "--set", "graphs=off", "--set",
-                           "publish_delay_us=1000"],
-                          capture_output=True, text=True, timeout=900, cwd=ROOT)
-    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "publish_delay_us needs FutureMap.publish" in lines[0], lines
+    line = _refused(venv, "sglang-eagle-v2", "--set", "graphs=off", "--set", "publish_delay_us=1000")
+    assert "publish_delay_us needs FutureMap.publish" in line, line
 
 
 @pytest.mark.parametrize("version,venv", _releases())
@@ -97,14 +92,20 @@ def test_hicache_on_a_release_before_its_host_pool_is_one_line(version, venv):
     from racecheck.scenarios.sglang.surface import release_key
     if release_key(version) >= (0, 5, 16):
         pytest.skip("the release has the host pool sglang-hicache drives (HISTORY_HICACHE.md)")
-    proc = subprocess.run([os.path.join(venv, "bin", "python"), "-m", "racecheck", "run",
-                           "sglang-hicache"], capture_output=True, text=True, timeout=900, cwd=ROOT)
-    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, lines
+    line = _refused(venv, "sglang-hicache")
     if (0, 5, 11) <= release_key(version) < (0, 5, 13):
         # these stop earlier, importing the scheduler with HiCache's modules loaded
         # (sgl_kernel.kvcacheio, which imports.py does not stand in for): one line too
-        assert "cannot import sglang.srt.managers.scheduler" in lines[0], lines
+        assert "cannot import sglang.srt.managers.scheduler" in line, line
     else:
-        assert "host KV pool of sglang 0.5.16 and later" in lines[0], lines
+        assert "host KV pool of sglang 0.5.16 and later" in line, line
+
+
+def _refused(venv, *args) -> str:
+    """`racecheck run ARGS` in the release's environment: exit 2 with one line; that line."""
+    proc = subprocess.run([os.path.join(venv, "bin", "python"), "-m", "racecheck", "run", *args],
+                          capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]

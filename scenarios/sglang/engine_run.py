@@ -97,11 +97,10 @@ def arrivals_of(cfg: dict) -> list:
 def _run(cfg: dict, rc, *, gpu: bool) -> dict:
     from .oracles import kv_cache
     built = []
-
-    def started(scheduler):
-        built.append(scheduler)
-        on_start(scheduler)
     with _engine(cfg, rc, gpu=gpu) as on_start:
+        def started(scheduler):
+            built.append(scheduler)
+            on_start(scheduler)
         outputs, _info = serve(shape_of(cfg), arrivals_of(cfg), max_steps=cfg["max_steps"],
                                stop_token=cfg["stop_token"], on_start=started)
         kv = kv_cache(built[0]) if built else None

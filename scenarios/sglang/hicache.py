@@ -28,7 +28,6 @@ import sys
 from .engine_run import RUN_EXTENSIONS
 from .server import patched
 
-MHA_HOST = "sglang.srt.mem_cache.pool_host.mha"
 DEVICE_MODULE_OWNERS = ("sglang.srt.mem_cache.l2_transfer", "sglang.srt.managers.cache_controller")
 
 L2_STREAMS = (
@@ -145,7 +144,7 @@ def stand_ins():
                 continue
             if "device_module" in vars(mod):
                 stack.enter_context(patched(mod, "device_module", device_module))
-        mha = importlib.import_module(MHA_HOST)
+        mha, _ = surface.HICACHE_HOST_POOL.owner_and_name()
         for name, fn in KVCACHEIO.items():
             bound = vars(mha).get(name)
             # absent (the module imports the ops only on CUDA/HIP), or a name of the stood-in
