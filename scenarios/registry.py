@@ -511,11 +511,23 @@ def run_plain(sc: Scenario, cfg: dict, device: str = "cuda", seed: int = 0) -> d
 
 def compare_outputs(got: dict, ref: dict, fields: dict | None = None) -> list:
     """[(field, message)] for every key (a request, unless the scenario's `diff_fields` names
-    the field's keys otherwise, e.g. a KV slot) whose value differs from the reference."""
+    the field's keys otherwise, e.g. a KV slot) whose value differs from the reference. A field
+    declared with `expect` is an invariant of the run itself: each of its keys whose value is not
+    the expected one is reported, whatever the reference holds."""
     diffs = []
-    for fieldname in ref:
-        a, b = got.get(fieldname, {}), ref[fieldname]
-        noun = (fields or {}).get(fieldname, {}).get("key", "request")
+    for fieldname in dict.fromkeys([*ref, *got]):
+        spec = (fields or {}).get(fieldname, {})
+        noun = spec.get("key", "request")
+        a = got.get(fieldname, {})
+        if "expect" in spec:
+            for rid in sorted(a, key=_rid_key):
+                if a[rid] != spec["expect"]:
+                    diffs.append((fieldname, f"{fieldname} of {noun} {rid}: "
+                                             f"{spec.get('describe', 'unexpected')} ({a[rid]})"))
+            continue
+        if fieldname not in ref:
+            continue
+        b = ref[fieldname]
         for rid in sorted(set(a) | set(b), key=_rid_key):
             va, vb = a.get(rid), b.get(rid)
             if va != vb:

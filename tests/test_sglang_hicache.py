@@ -3,7 +3,8 @@
 The installed sglang with `enable_hierarchical_cache` on, under a device pool small enough that
 shared prefixes are backed up to the pinned host pool, evicted, and loaded back: as shipped it
 reports nothing but the triaged start-up race, the tokens equal those of a run whose prefixes
-never leave the device, and a dropped HiCache fence is flagged. The sim pieces it needs
+never leave the device, every token held on both tiers has equal copies, and a dropped HiCache
+fence is flagged (and, under an order that exposes it, tears the two copies apart). The sim pieces it needs
 (`torch.cuda.cudart()`, `torch.tensor(..., device="cuda")` as a blocking upload) are tested
 without sglang. The engine runs need sglang and triton (scripts/setup.sh).
 """
@@ -83,6 +84,9 @@ def test_as_shipped_is_clean_and_kv_comes_back_from_host(policy):
     assert res.diff_ok, res.diff_detail
     moved = res.outputs["hicache"]
     assert moved["device_to_host"] > 0 and moved["host_to_device"] > 0, moved
+    # every token the tree holds on both tiers has equal copies (diff_ok says so), and there are
+    tiers = res.outputs["kv_tiers"]
+    assert tiers and set(tiers.values()) == {"agree"}
     # only the triaged start-up race (FutureMap, built after the host pool's blocking uploads)
     assert res.known and all(f.tensor.startswith("FutureMap.") for f in res.known)
 
@@ -102,6 +106,29 @@ def test_a_dropped_hicache_fence_is_flagged(site, rule):
         sorted(res.signature())
     streams = {s for f in res.findings for s in f.streams}
     assert streams & {"host_to_device_stream", "device_to_host_stream"}, streams
+
+@needs_sglang
+def test_a_dropped_transfer_start_wait_tears_the_copies_apart_under_a_late_schedule_stream():
+    """The value consequence, not only the finding: with the schedule stream's work run last,
+    the transfer stream copies rows by indices not yet uploaded, and the tree then holds a token
+    whose host copy is not its device copy (`kv_tiers`). The same order with the wait is clean."""
+    from racecheck.instrumentation.adversarial import AdversarialExecutor, normalize_plan
+    sc = scenarios.get(SC)
+    plan = normalize_plan({"priorities": {"schedule_stream": -5}})
+
+    def run(**overrides):
+        res = scenarios.run(sc, sc.config(overrides=overrides), device="sim",
+                            session_options={"executor": AdversarialExecutor(plan)})
+        assert not res.internal_errors, res.internal_errors
+        return res
+    dropped = run(drop_sync=TRANSFER_START_WAIT)
+    torn = [f for f in dropped.findings if f.rule == "DIFF" and f.tensor == "kv_tiers"]
+    assert torn, dropped.diff_detail
+    assert "its device and host copies of the KV differ" in torn[0].detail
+    shipped = run()
+    assert shipped.diff_ok, shipped.diff_detail
+    assert set(shipped.outputs["kv_tiers"].values()) == {"agree"}
+
 
 def test_the_fuzzer_draws_hicache_configurations_sglang_ships():
     from hypothesis import given, settings

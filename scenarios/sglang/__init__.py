@@ -170,7 +170,15 @@ _DIFF_FIELDS = {"output_ids": {"producer": "the forward (Scheduler.run_batch)",
                 # oracles.py: the target's KV pool by slot, read after the loop
                 "kv_cache": {"producer": "the forward's KV write (MHATokenToKVPool.set_kv_buffer)",
                              "consumer": "a later forward's attention over the cached prefix",
-                             "stream": "forward_stream", "key": "slot"}}
+                             "stream": "forward_stream", "key": "slot"},
+                # oracles.py: with a host tier (sglang-hicache), each token the radix tree holds
+                # on both tiers; an invariant of the run itself (its two copies agree), not
+                # compared with the reference
+                "kv_tiers": {"producer": "HiCache's transfers (HiCacheController backup and "
+                                         "load-back on their own streams)",
+                             "consumer": "a later forward's attention over the loaded-back prefix",
+                             "stream": "forward_stream", "key": "token path", "expect": "agree",
+                             "describe": "its device and host copies of the KV differ"}}
 
 
 def _engine_version():

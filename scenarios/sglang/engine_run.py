@@ -95,16 +95,19 @@ def arrivals_of(cfg: dict) -> list:
 
 
 def _run(cfg: dict, rc, *, gpu: bool) -> dict:
-    from .oracles import kv_cache
-    built = []
+    from .oracles import kv_cache, kv_tiers
+    built, held = [], []
     with _engine(cfg, rc, gpu=gpu) as on_start:
         def started(scheduler):
             built.append(scheduler)
             on_start(scheduler)
         outputs, _info = serve(shape_of(cfg), arrivals_of(cfg), max_steps=cfg["max_steps"],
-                               stop_token=cfg["stop_token"], on_start=started)
+                               stop_token=cfg["stop_token"], on_start=started,
+                               on_done=lambda scheduler: held.append(kv_tiers(scheduler)))
         kv = kv_cache(built[0]) if built else None
-    return {"output_ids": outputs, **({"kv_cache": kv} if kv is not None else {})}
+        tiers = held[0]() if held and held[0] is not None else None
+    return {"output_ids": outputs, **({"kv_cache": kv} if kv is not None else {}),
+            **({"kv_tiers": tiers} if tiers is not None else {})}
 
 
 def serve_stretches(cfg: dict, rc, channel, *, shape: Shape, begin, end) -> None:

@@ -184,7 +184,7 @@ class Feeder:
     would."""
 
     def __init__(self, arrivals, outputs: Outputs, *, max_steps: int, stop_token: int,
-                 on_first=None, make=None):
+                 on_first=None, make=None, on_done=None):
         self.make = make or make_request
         self.pending = sorted(arrivals, key=lambda a: (a.phase, a.step))
         self.total = len(arrivals)
@@ -192,6 +192,7 @@ class Feeder:
         self.max_steps = max_steps
         self.stop_token = stop_token
         self.on_first = on_first
+        self.on_done = on_done          # called with the scheduler before the loop is asked to exit
         self.step = 0
         self.phase = self.pending[0].phase if self.pending else 0
         self.phase_start = 0
@@ -216,6 +217,9 @@ class Feeder:
         self.step += 1
         self.outputs.drain()
         if len(self.outputs.finished) >= self.total or k - self.phase_start >= self.max_steps:
+            if self.on_done is not None:
+                self.on_done(scheduler)
+                self.on_done = None
             if not hasattr(scheduler, "gracefully_exit"):           # surface.GRACEFUL_EXIT
                 raise _Stop()
             scheduler.gracefully_exit = True
@@ -406,10 +410,12 @@ def _catch_scheduler_errors():
 
 
 def serve(shape: Shape, arrivals, *, max_steps: int, stop_token: int = -1, on_start=None,
-          feeder=None):
+          feeder=None, on_done=None):
     """Start sglang's scheduler process for `shape`, feed it `arrivals`, run its event loop until
     every request finished; returns ({rid: token ids}, the scheduler's init info). `on_start`
-    is called with the scheduler before its first loop iteration. `feeder(outputs, on_start)`,
+    is called with the scheduler before its first loop iteration, `on_done` once every request
+    finished, before the loop is asked to exit (sglang's shutdown then releases host memory).
+    `feeder(outputs, on_start)`,
     if given, makes the feeder instead (`StretchFeeder`: schedules from a channel)."""
     sa = server_args(shape)
     PortArgs = _need("sglang.srt.server_args", "PortArgs")
@@ -433,7 +439,8 @@ def serve(shape: Shape, arrivals, *, max_steps: int, stop_token: int = -1, on_st
                            "not know how to fill")
     outputs = Outputs(port_args)
     feeder = Feeder(arrivals, outputs, max_steps=max_steps, stop_token=stop_token,
-                    on_first=on_start) if feeder is None else feeder(outputs, on_start)
+                    on_first=on_start, on_done=on_done) if feeder is None \
+        else feeder(outputs, on_start)
     started = time.perf_counter()
     try:
         with _own_process_title(), _no_parent_signal(), _catch_scheduler_errors() as errors, \

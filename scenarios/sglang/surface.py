@@ -155,6 +155,22 @@ TENSORS = (
 KV_POOL = ("token_to_kv_pool_allocator", "get_kvcache")
 KV_BUFFERS = ("k_buffer", "v_buffer")
 
+# sglang-hicache's KV oracle (oracles.kv_paths), read after the loop ended: the radix tree
+# (`tree_cache.root_node`, its nodes' `children` and `key`), each node's device slots and host
+# indices (`value`, `host_value`; from 0.5.22 on the tree's nodes keep them per cache component,
+# `component_data[ComponentType.FULL]`), and the host pool of the cache controller
+# (`cache_controller.mem_pool_host`; from 0.5.22 a group whose anchor entry holds the KV pool),
+# whose `kv_buffer` is laid out by its `layout`.
+TREE_ROOT = ("tree_cache", "root_node")
+HOST_POOL = ("tree_cache", "cache_controller", "mem_pool_host")
+HOST_POOL_IN_GROUP = ("anchor_entry", "host_pool")
+NODE_FULL_COMPONENT = "component_data"
+HOST_KV_BUFFER = "kv_buffer"
+# Nodes whose copy is still in flight as sglang sees it (not acknowledged): the tree's maps of
+# ongoing transfers (their values hold the nodes), and from 0.5.22 also marks on the node itself.
+TREE_PENDING_MAPS = ("ongoing_write_through", "ongoing_load_back", "ongoing_backup")
+NODE_PENDING_MARKS = ("write_through_pending_id", "load_back_pending_id")
+
 # sglang-hicache (hicache.py): the host KV pool module whose kvcacheio calls the stand-ins
 # replace; before 0.5.16 the host pool lived in mem_cache/memory_pool_host.py, which the scenario
 # does not drive (a release without it is refused in one line).
