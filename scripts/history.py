@@ -153,7 +153,7 @@ def render(results: dict, releases: list, configs: list, seeds: bool) -> str:
              "while the plan streams may still read it (RC005; 0.5.13 pins every batch field "
              "for two iterations), and before 0.5.13 the graph runners' padded rows (RC006) "
              "read the last replay's token ids, positions and draft scores, which is benign; on "
-             "the npu flavour of 0.5.20 to 0.5.22 the results' host copies run without "
+             "the npu flavour of 0.5.15.post1 to 0.5.22 the results' host copies run without "
              "`record_stream` (RC005 on `eagle_sample: predict`, 0.5.23 fixed `async_d2h`): "
              "FINDINGS.md has the evidence." + ("" if "hicache" in configs else
                            " The hierarchical cache (`sglang-hicache`) has its own table, "
