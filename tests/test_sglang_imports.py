@@ -161,3 +161,24 @@ def test_vllm_layers_hand_back_sglangs_own_classes(finder):
             del sys.modules[owner.__name__]
         else:
             sys.modules[owner.__name__] = saved
+
+
+def test_a_second_install_keeps_its_own_stand_ins_and_their_submodules():
+    """An engine process forked after the parent installed the shims installs them again: the
+    stand-in packages it finds in sys.modules are its own, and a submodule first imported then
+    (0.5.11's HiCache imports sgl_kernel.kvcacheio only once a run makes the platform CUDA)
+    is stood in too."""
+    if importlib.util.find_spec("sgl_kernel") is not None:
+        pytest.skip("sgl_kernel is installed here")
+    code = ("import sys\n"
+            "from racecheck.scenarios.sglang import imports\n"
+            "imports.install(version='0.5.11')\n"
+            "import sgl_kernel\n"
+            "imports.install(version='0.5.11')\n"
+            "ns = {'__name__': 'sglang.srt.mem_cache.fake'}\n"
+            "exec('from sgl_kernel.kvcacheio import transfer_kv_per_layer', ns)\n"
+            "print(type(sys.modules['sgl_kernel']).__name__, imports._FINDER.native)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[0] == "_MissingPackage" and "sgl_kernel" in out.stdout
