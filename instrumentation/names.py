@@ -4,11 +4,13 @@ A finding on a storage with no `racecheck.name` asks `HolderNames.name_of(storag
 once per storage (only findings pay): the live tensors on that storage are found among the
 garbage collector's objects, and the objects that refer to them say what the program calls them:
 
-* an instance attribute: `ForwardBatch.seq_lens` (class name and attribute),
+* an instance attribute: `ForwardBatch.seq_lens` (class name and attribute), or an element of
+  a list or tuple an attribute holds: `MHATokenToKVPool.k_buffer[3]` (per-layer buffers),
 * a variable in a running frame or a module, or a key of a plain dict: `seq_lens`,
 
-preferring, in that order, the holders of the tensor that best covers the racing bytes. Explicit
-`racecheck.name` always wins (the checker asks only when there is none).
+preferring, in that order (an attribute before a list element), the holders of the tensor that
+best covers the racing bytes. Explicit `racecheck.name` always wins (the checker asks only when
+there is none).
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import torch
 from .stacks import is_internal_file
 
 _TENSOR_TYPES = {torch.Tensor: True, torch.nn.Parameter: True}
-_ATTR, _VARIABLE, _KEY = 0, 1, 2          # holder kinds, best first
+_ATTR, _ELEMENT, _VARIABLE, _KEY = 0, 1, 2, 3    # holder kinds, best first
 ONE_PASS_PER_MOMENT = True      # bench/bench_sglang.py --naming compares with a pass per batch
 
 
@@ -138,31 +140,65 @@ class HolderNames:
             out.setdefault(owner[id(t)], []).append((kind, *span[id(t)], name))
         for name, t in self._frame_variables(ids):
             add(t, _VARIABLE, name)
-        dicts = []
-        for ref in gc.get_referrers(*tensors):
+        dicts = []              # (a dict holding it, key, tensor, suffix)
+        seqs = []               # (a list or tuple holding it, "[i]", tensor)
+
+        def held_by(ref, targets, found):
+            """(key, value, suffix) for each of `targets` (id -> (object, suffix)) `ref`
+            holds: as a dict value, or an attribute of an instance whose attributes live inline
+            (no __dict__ object made yet); None for a container of another kind."""
             if isinstance(ref, dict):
                 for k, v in ref.items():
-                    if id(v) in ids and v is ids[id(v)] and isinstance(k, str):
-                        dicts.append((ref, k, v))
-            elif not isinstance(ref, (type, types.ModuleType, types.FrameType, list, tuple)):
-                # an instance whose attributes live inline (no __dict__ object made yet)
-                for k, v in getattr(ref, "__dict__", {}).items():
+                    hit = targets.get(id(v))
+                    if hit is not None and v is hit[0] and isinstance(k, str):
+                        found.append((ref, k, v, hit[1]))
+                return True
+            if isinstance(ref, (type, types.ModuleType, types.FrameType)):
+                return True
+            return False
+        tensor_targets = {i: (t, "") for i, t in ids.items()}
+        for ref in gc.get_referrers(*tensors):
+            if held_by(ref, tensor_targets, dicts):
+                continue
+            if isinstance(ref, (list, tuple)):
+                for i, v in enumerate(ref):
                     if id(v) in ids and v is ids[id(v)]:
-                        add(v, _ATTR, f"{type(ref).__name__}.{k}")
+                        seqs.append((ref, f"[{i}]", v))
+                continue
+            for k, v in getattr(ref, "__dict__", {}).items():
+                if id(v) in ids and v is ids[id(v)]:
+                    add(v, _ATTR, f"{type(ref).__name__}.{k}")
+        if seqs:
+            # the attribute (or variable, or key) that holds the list: one more walk, only
+            # when a tensor is held in one
+            by_seq = {id(q): (q, []) for q, _, _ in seqs}
+            for q, suffix, v in seqs:
+                by_seq[id(q)][1].append((suffix, v))
+            seq_targets = {i: (q, "") for i, (q, _) in by_seq.items()}
+            found = []
+            for ref in gc.get_referrers(*[q for q, _ in by_seq.values()]):
+                if held_by(ref, seq_targets, found) or isinstance(ref, (list, tuple)):
+                    continue
+                for k, v in getattr(ref, "__dict__", {}).items():
+                    if id(v) in by_seq and v is by_seq[id(v)][0]:
+                        for suffix, t in by_seq[id(v)][1]:
+                            add(t, _ELEMENT, f"{type(ref).__name__}.{k}{suffix}")
+            for d, k, q, _ in found:
+                dicts.extend((d, k, t, suffix) for suffix, t in by_seq[id(q)][1])
         if dicts:
             owners = {}
-            for o in gc.get_referrers(*[d for d, _, _ in dicts]):
+            for o in gc.get_referrers(*{id(d): d for d, _, _, _ in dicts}.values()):
                 d = getattr(o, "__dict__", None) if not isinstance(o, type) else None
                 if isinstance(d, dict):
                     owners[id(d)] = o
-            for d, k, v in dicts:
+            for d, k, v, suffix in dicts:
                 o = owners.get(id(d))
                 if isinstance(o, types.ModuleType):
-                    add(v, _VARIABLE, k)
+                    add(v, _VARIABLE, k + suffix)
                 elif o is not None:
-                    add(v, _ATTR, f"{type(o).__name__}.{k}")
+                    add(v, _ELEMENT if suffix else _ATTR, f"{type(o).__name__}.{k}{suffix}")
                 elif k.isidentifier():
-                    add(v, _KEY, k)
+                    add(v, _KEY, k + suffix)
         return out
 
     @staticmethod

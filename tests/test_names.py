@@ -88,3 +88,31 @@ def test_a_session_names_a_race_by_its_holder_once_per_flush():
     tensors = sorted({f.tensor for f in rc.findings})
     assert tensors == ["ForwardBatch.seq_lens", "other"], rc.findings
     assert 1 <= namer.passes <= 2, namer.passes
+
+
+class KVPool:
+    def __init__(self, layers):
+        self.k_buffer = [torch.zeros(8) for _ in range(layers)]
+
+
+def test_a_tensor_in_a_list_is_named_by_the_attribute_that_holds_the_list():
+    pool = KVPool(3)
+    pool.__dict__                          # the attributes in a dict object, and inline below
+    inline = KVPool(2)
+    reg, [sid, other] = _registered(pool.k_buffer[2], inline.k_buffer[1])
+    names = HolderNames(reg)
+    assert names(sid) == "KVPool.k_buffer[2]"
+    assert names(other) == "KVPool.k_buffer[1]"
+    table = {"layers": (torch.ones(2),)}
+    reg, [kid] = _registered(table["layers"][0])
+    assert HolderNames(reg)(kid) == "layers[0]"
+    del pool, inline, table
+
+
+def test_an_attribute_still_beats_the_list_that_also_holds_the_tensor():
+    buf = torch.zeros(4)
+    batch = ForwardBatch(buf)
+    batch.h = [buf]                        # a shorter name, but an element
+    reg, [sid] = _registered(buf)
+    assert HolderNames(reg)(sid) == "ForwardBatch.seq_lens"
+    del batch
