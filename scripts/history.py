@@ -32,6 +32,7 @@ CONFIGS = {
     "npu": ("sglang-eagle-v2", ["flavour=npu", "graphs=off"]),
     "overlap": ("sglang-overlap", ["graphs=off"]),
     "hicache": ("sglang-hicache", []),
+    "hicache-hip": ("sglang-hicache", ["flavour=hip"]),
 }
 SEEDS = ("no-verify_plan_wait", "no-draft_extend_plan_wait", "no-verify_join",
          "no-futuremap_publish_wait", "no-war_barrier")
@@ -56,14 +57,22 @@ FIXES = [
 ]
 FIX_CONFIGS = ("cuda-eager", "cuda-graphs")      # a fix's cells unless it names its own
 
-# HiCache's device<->host transfer orderings (sglang-hicache), and the first release with each,
-# from the releases' sources: what the scheduler and HiCacheController add.
+# HiCache's device<->host transfer orderings (sglang-hicache), the first release with each (from
+# the releases' sources and runs) and the runs whose release-before cell the table shows.
 HICACHE_FIXES = [
+    ("a finished request's backup ordered after the forward still writing its last KV rows (on "
+     "cuda: the WAR barrier right after each `run_batch`, #31687, makes the schedule stream, "
+     "where the backup's start event is recorded, wait for the forward just launched; the race "
+     "upstream #20611 describes; dropping that barrier on 0.5.16 brings the race back)", "0.5.16",
+     ("hicache",)),
+    ("the same backups on the hip flavour, which has no WAR barrier (ordered from 0.5.22; "
+     "which change orders them there is not traced)", "0.5.22", ("hicache-hip",)),
     ("load-back copies wait for the forward stream (`HiCacheController.start_loading`: the "
      "host-to-device stream waits for `load_fence_stream`, which the scheduler sets to its "
-     "forward stream; the fence upstream #36738 describes)", "0.5.19"),
+     "forward stream; the fence upstream #36738 describes)", "0.5.19", ("hicache",)),
     ("backups wait for the forward stream (`HiCacheController.start_writing`: the "
-     "device-to-host stream waits for `write_fence_stream`, the forward stream)", "0.5.23"),
+     "device-to-host stream waits for `write_fence_stream`, the forward stream: #20611's fix)",
+     "0.5.23", ("hicache", "hicache-hip")),
 ]
 
 
@@ -162,7 +171,11 @@ def render(results: dict, releases: list, configs: list, seeds: bool) -> str:
              "## As shipped", "",
              *(["`hicache` is `sglang-hicache` (the hierarchical KV cache, docs/SGLANG.md): "
                 "the release's own HiCache controller, host pool and transfer streams on a "
-                "schedule that backs prefixes up to host and loads them back.", ""]
+                "schedule that backs prefixes up to host and loads them back; `hicache-hip` "
+                "the same on the hip flavour. Before 0.5.16 the host pool is "
+                "mem_cache/memory_pool_host.py's. The RC001 on the KV buffers (unnamed: "
+                "`MHATokenToKVPool` holds them in lists) is a finished request's backup "
+                "reading the KV rows the forward already in flight still writes.", ""]
                if "hicache" in configs else []),
              "| release | " + " | ".join(configs) + " |",
              "| --- | " + " | ".join("---" for _ in configs) + " |"]
@@ -206,16 +219,20 @@ def _hicache_fixes(results: dict, releases: list, configs: list) -> list:
     lines = ["", "## HiCache orderings: the release before", "",
              "| ordering | first release with it | release before | what racecheck reports "
              "there (`sglang-hicache` as shipped) |", "| --- | --- | --- | --- |"]
-    for fix, first in HICACHE_FIXES:
+    for fix, first, shown in HICACHE_FIXES:
         before = [v for v in releases if version_key(v) < version_key(first)]
         prev = before[-1] if before else None
-        cell = describe(results[(prev, "hicache")]) if prev else "no release before it was run"
+        runs = [c for c in shown if (prev, c) in results]
+        cell = " / ".join((f"{c}: " if len(runs) > 1 else "") + describe(results[(prev, c)])
+                          for c in runs) if prev and runs else "no release before it was run"
         lines.append(f"| {fix} | {first} | {prev or '-'} | {cell} |")
-    lines += ["", "A clean release before a fence: on the cuda flavour the WAR barrier after every "
-              "forward (`Scheduler._apply_war_barrier`) orders the schedule stream, where every "
-              "transfer's start event is recorded, after the forwards in flight, which covers the "
-              "fence on these schedules; dropping either fence on 0.5.23 is silent too, also on "
-              "the hip flavour (docs/MUTATE_SGLANG.md says which case stays open)."]
+    lines += ["", "A clean release before a fence: from 0.5.16 on the cuda flavour, and from 0.5.22 "
+              "on hip, something else already orders those copies on these schedules (on cuda the "
+              "WAR barrier after every forward, `Scheduler._apply_war_barrier`, orders the "
+              "schedule stream, where every transfer's start event is recorded, after the "
+              "forwards in flight); dropping either fence on 0.5.23 is silent too "
+              "(docs/MUTATE_SGLANG.md says which case stays open). The backups before those "
+              "orderings are real races: FINDINGS.md has the evidence and the consequence."]
     return lines
 
 

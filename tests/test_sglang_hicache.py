@@ -63,12 +63,25 @@ def test_cudart_host_register_succeeds_on_sim():
 def test_the_scenario_is_listed_with_its_knobs():
     sc = scenarios.get(SC)
     for knob in ("write_policy", "speculative", "graphs", "device_tokens", "host_ratio",
-                 "layout", "io_backend", "families"):
+                 "layout", "io_backend", "families", "chunked_prefill"):
         assert knob in sc.knobs
+    from racecheck.scenarios.sglang.hicache import server_args
+    assert "chunked_prefill_size" not in server_args(sc.config())   # sglang's own default
+    assert server_args(sc.config(overrides={"chunked_prefill": "8"}))["chunked_prefill_size"] == 8
     cfg = sc.config()
     assert cfg["write_policy"] == "write_through"          # sglang's default
     ref = sc.reference_config(cfg)
     assert ref["device_tokens"] > cfg["device_tokens"]    # the reference evicts nothing
+
+
+def test_a_release_without_a_host_pool_module_is_refused_in_one_line(monkeypatch):
+    from racecheck.scenarios.sglang import hicache, surface
+    monkeypatch.setattr(surface, "HICACHE_HOST_POOLS", (
+        surface.Touch("racecheck_no_such_module.host:Pool", "", optional=True),))
+    with pytest.raises(surface.EngineMismatch, match="racecheck_no_such_module.host:Pool: "
+                                                     "sglang-hicache drives sglang's host KV pool"):
+        with hicache.stand_ins():
+            pass
 
 
 # -- the real engine ---------------------------------------------------------------------------

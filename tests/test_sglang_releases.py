@@ -86,19 +86,25 @@ def test_a_hold_after_the_publish_needs_a_release_that_publishes(version, venv):
 
 
 @pytest.mark.parametrize("version,venv", _releases())
-def test_hicache_on_a_release_before_its_host_pool_is_one_line(version, venv):
-    """sglang-hicache drives the host pool of 0.5.16 on (`surface.HICACHE_HOST_POOL`); an older
-    release is refused in one line (exit 2), not an internal error."""
+def test_hicache_runs_and_finds_the_unordered_backup_where_it_shipped(version, venv, tmp_path):
+    """sglang-hicache drives the release's own host pool (mem_cache/memory_pool_host.py before
+    0.5.16, surface.HICACHE_HOST_POOLS). From 0.5.9 to 0.5.15.post1 a finished request's backup
+    reads the KV rows the round already in flight still writes (FINDINGS.md, HiCache); from
+    0.5.16 the WAR barrier after each run_batch orders it."""
     from racecheck.scenarios.sglang.surface import release_key
-    if release_key(version) >= (0, 5, 16):
-        pytest.skip("the release has the host pool sglang-hicache drives (HISTORY_HICACHE.md)")
-    line = _refused(venv, "sglang-hicache")
-    if (0, 5, 11) <= release_key(version) < (0, 5, 13):
-        # these stop earlier, importing the scheduler with HiCache's modules loaded
-        # (sgl_kernel.kvcacheio, which imports.py does not stand in for): one line too
-        assert "cannot import sglang.srt.managers.scheduler" in line, line
-    else:
-        assert "host KV pool of sglang 0.5.16 and later" in line, line
+    report = tmp_path / "hicache.json"
+    proc = subprocess.run([os.path.join(venv, "bin", "python"), "-m", "racecheck", "run",
+                           "sglang-hicache", "--report", f"json={report}"],
+                          capture_output=True, text=True, timeout=1500, cwd=ROOT)
+    assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "outputs equal the serialized run" in proc.stdout, proc.stdout[-3000:]
+    backups = [f for f in json.loads(report.read_text())["findings"]
+               if f["rule"] == "RC001" and f["current"]["stream"] == "device_to_host_stream"
+               and f["previous"]["stream"] == "forward_stream"]
+    if (0, 5, 9) <= release_key(version) < (0, 5, 16):
+        assert backups, proc.stdout[-3000:]
+    elif release_key(version) >= (0, 5, 16):
+        assert not backups, proc.stdout[-3000:]
 
 
 def _refused(venv, *args) -> str:

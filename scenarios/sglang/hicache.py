@@ -132,9 +132,10 @@ def stand_ins():
     import torch
 
     from . import surface
-    if not surface.HICACHE_HOST_POOL.exists():
-        raise surface.mismatch(f"no {surface.HICACHE_HOST_POOL.target}: sglang-hicache drives "
-                               "the host KV pool of sglang 0.5.16 and later")
+    pool = next((t for t in surface.HICACHE_HOST_POOLS if t.exists()), None)
+    if pool is None:
+        raise surface.mismatch("no " + " or ".join(t.target for t in surface.HICACHE_HOST_POOLS)
+                               + ": sglang-hicache drives sglang's host KV pool")
     with contextlib.ExitStack() as stack:
         device_module = torch.get_device_module("cuda")
         for name in DEVICE_MODULE_OWNERS:
@@ -144,7 +145,7 @@ def stand_ins():
                 continue
             if "device_module" in vars(mod):
                 stack.enter_context(patched(mod, "device_module", device_module))
-        mha, _ = surface.HICACHE_HOST_POOL.owner_and_name()
+        mha, _ = pool.owner_and_name()
         for name, fn in KVCACHEIO.items():
             bound = vars(mha).get(name)
             # absent (the module imports the ops only on CUDA/HIP), or a name of the stood-in
@@ -200,6 +201,10 @@ def _knobs():
              minimum=1, maximum=8),
         Knob("families", 3, "int", "prompt families (request i shares family i mod N's prefix)",
              minimum=1, maximum=8),
+        Knob("chunked_prefill", 0, "int", "--chunked-prefill-size (0: sglang's default, which "
+             "no default prompt reaches): a longer prompt prefills in chunks, and the "
+             "scheduler caches each chunk in the tree (a backup, with write_through) while the "
+             "forward writing its KV may still run", minimum=0, maximum=4096),
     ]
     # with EAGLE a request waits for device memory longer (the draft's KV too): the cap on loop
     # iterations is only a guard, the loop ends when every request finished
@@ -225,9 +230,12 @@ def _resolve(cfg: dict) -> dict:
 
 def server_args(cfg: dict) -> dict:
     """The HiCache flags of a run, as `python -m sglang.launch_server` takes them."""
-    return dict(enable_hierarchical_cache=True, hicache_ratio=float(cfg["host_ratio"]),
+    args = dict(enable_hierarchical_cache=True, hicache_ratio=float(cfg["host_ratio"]),
                 hicache_write_policy=cfg["write_policy"], hicache_mem_layout=cfg["layout"],
                 hicache_io_backend=cfg["io_backend"], max_total_tokens=cfg["device_tokens"])
+    if cfg.get("chunked_prefill"):
+        args["chunked_prefill_size"] = cfg["chunked_prefill"]
+    return args
 
 
 def _reference(cfg: dict) -> dict:
@@ -298,10 +306,11 @@ HICACHE_SHIPPED = {
     "arrivals": "the traffic: one request every GAP loop steps, returning to its family",
     "graphs": "CUDA graphs on, or --disable-cuda-graph",
     "speculative": "--speculative-algorithm EAGLE (spec v2), or none",
+    "chunked_prefill": "--chunked-prefill-size (sglang's default, or chunks of 8 tokens)",
 }
 HICACHE_DRAWN = ("arrivals", "write_policy", "layout", "io_backend", "device_tokens",
                  "host_ratio", "families", "graphs", "speculative", "flavour", "max_steps",
-                 "graph_bs", "shared_prefix", "publish_delay_us")
+                 "graph_bs", "shared_prefix", "publish_delay_us", "chunked_prefill")
 
 
 def _hicache_strategy(sc, fixed: dict, explore: bool):
@@ -321,6 +330,7 @@ def _hicache_strategy(sc, fixed: dict, explore: bool):
         pick("device_tokens", DEVICE_TOKENS)
         pick("host_ratio", (2, 1, 4))
         pick("families", (3, 1, 2, 4))
+        pick("chunked_prefill", (0, 8))
         if "arrivals" not in fixed:
             n = draw(st.integers(3, 9))
             gap = draw(st.integers(1, 3))

@@ -172,10 +172,14 @@ TREE_PENDING_MAPS = ("ongoing_write_through", "ongoing_load_back", "ongoing_back
 NODE_PENDING_MARKS = ("write_through_pending_id", "load_back_pending_id")
 
 # sglang-hicache (hicache.py): the host KV pool module whose kvcacheio calls the stand-ins
-# replace; before 0.5.16 the host pool lived in mem_cache/memory_pool_host.py, which the scenario
-# does not drive (a release without it is refused in one line).
-HICACHE_HOST_POOL = Touch("sglang.srt.mem_cache.pool_host.mha:MHATokenToKVPoolHost",
-                          "sglang-hicache: the host KV pool (0.5.16 on)", optional=True)
+# replace: mem_cache/pool_host/mha.py from 0.5.16, mem_cache/memory_pool_host.py before (the
+# first that exists; a release with neither is refused in one line).
+HICACHE_HOST_POOLS = (
+    Touch("sglang.srt.mem_cache.pool_host.mha:MHATokenToKVPoolHost",
+          "sglang-hicache: the host KV pool (0.5.16 on)", optional=True),
+    Touch("sglang.srt.mem_cache.memory_pool_host:MHATokenToKVPoolHost",
+          "sglang-hicache: the host KV pool (before 0.5.16)", optional=True),
+)
 
 # CUDA-graph inputs: sglang's own padding declarations (0.5.13 and later).
 REGISTRY = "sglang.srt.model_executor.cuda_graph_buffer_registry"
