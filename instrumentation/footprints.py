@@ -127,6 +127,9 @@ class StorageRegistry:
         entry = self._by_cdata.get(cdata)
         return entry[0] if entry is not None else None
 
+    def is_registered(self, t: torch.Tensor) -> bool:
+        return t.untyped_storage()._cdata in self._by_cdata
+
     def is_known_device(self, t: torch.Tensor) -> bool:
         entry = self._by_cdata.get(t.untyped_storage()._cdata)
         return entry is not None and not entry[2]

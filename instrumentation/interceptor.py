@@ -321,6 +321,7 @@ class Interceptor(TorchDispatchMode):
         capture = b.tls.capture     # an op cannot start or end a capture
         irole = oc.index_role       # (index argument, indexed argument) of an index op
         ix_at = into = None
+        lead_host = None            # where the op's first tensor lives (see _lifted_scalar)
         for i, name, kwarg_only, role in oc.args:
             v = args[i] if (i < nargs and not kwarg_only) else (kwargs.get(name) if kwargs else None)
             if v is None:
@@ -355,12 +356,17 @@ class Interceptor(TorchDispatchMode):
                         f = self.maker.whole(
                             t, "graph-captured index op: index values vary per replay; whole tensor used")
                 else:
+                    if lead_host is not None and t.dim() == 0 and \
+                            not self.maker.registry.is_registered(t):
+                        self._lifted_scalar(t, lead_host)
                     f = fp(t)
                 first = False
                 if f is None:
                     if not any_device and t.numel() == 0:
                         any_device = True
                     continue
+                if lead_host is None:
+                    lead_host = f.host
                 if not f.host:
                     any_device = True
                 if irole is not None:
@@ -424,6 +430,14 @@ class Interceptor(TorchDispatchMode):
         if oc.data_dependent or (oc.name == "_to_copy" and _blocking_transfer(kwargs, reads, writes)):
             self.backend.host_wait_stream(stream)
         return out
+
+    def _lifted_scalar(self, t, host: bool) -> None:
+        """A 0-dim tensor no op made: a Python number that the op's binding turned into a tensor
+        without a dispatch (`t[idx] = False` hands index_put_ such a value). PyTorch makes it on
+        the device of the tensor it is combined with, so it lives where the op's first tensor
+        does: on sim every tensor is CPU memory, and one first seen here would pass for device
+        memory, making a host-only op a kernel on the current stream."""
+        self.maker.registry.lookup(t, host=host)
 
     def _outputs(self, oc, out, stream, writes) -> None:
         """The footprints of an op's outputs, their new storages allocated on the op's stream."""

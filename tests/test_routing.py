@@ -144,6 +144,24 @@ def test_host_ops_on_cpu_tensors_are_host_work():
     assert sorted(pairs(rc.findings)) == []
 
 
+def test_a_number_stored_by_index_lives_with_the_tensor_it_is_stored_into():
+    """`t[idx] = False` makes its value tensor without a dispatch: into a CPU tensor it is
+    host work (sglang's host KV pool frees its slots so on the schedule stream, then reads them
+    on the host); into device memory it is a kernel on the current stream, which races."""
+    with racecheck.session(device="sim", route_cuda=True) as rc:
+        used = torch.zeros(50, dtype=torch.bool)
+        slots = torch.zeros(50, dtype=torch.bool, device="cuda")
+        torch.cuda.synchronize()
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            idx = torch.tensor([3, 4])
+            used[idx] = True
+            slots[idx.cuda()] = True
+        bool(used[2:6].any())
+        bool(slots[2:6].any())
+    assert sorted(pairs(rc.findings)) == [("RC001", "slots")]
+
+
 def test_exec_exit_status_is_the_programs_when_clean(tmp_path):
     prog = tmp_path / "p.py"
     prog.write_text("import sys, torch\nx = torch.zeros(2, device='cuda')\nsys.exit(5)\n")
