@@ -173,9 +173,10 @@ def render(results: dict, releases: list, configs: list, seeds: bool) -> str:
                 "the release's own HiCache controller, host pool and transfer streams on a "
                 "schedule that backs prefixes up to host and loads them back; `hicache-hip` "
                 "the same on the hip flavour. Before 0.5.16 the host pool is "
-                "mem_cache/memory_pool_host.py's. The RC001 on the KV buffers (unnamed: "
-                "`MHATokenToKVPool` holds them in lists) is a finished request's backup "
-                "reading the KV rows the forward already in flight still writes.", ""]
+                "mem_cache/memory_pool_host.py's. The RC001 on the KV buffers "
+                "(`MHATokenToKVPool.k_buffer[i]`, `.v_buffer[i]`, one per layer) is a finished "
+                "request's backup reading the KV rows the forward already in flight still "
+                "writes.", ""]
                if "hicache" in configs else []),
              "| release | " + " | ".join(configs) + " |",
              "| --- | " + " | ".join("---" for _ in configs) + " |"]
