@@ -10,7 +10,8 @@ The supported range, one release per minor: 0.5.8.post1, 0.5.9, 0.5.10.post1, 0.
 environment, so a release's own imports, constructors and event loop are what is checked.
 `--seeds` also runs each seed variant (a dropped upstream synchronization) where the release
 has its site. Results are cached per (release, run) in .history/ (not committed), so a rerun
-after adding a release only runs what is new (`--fresh` ignores the cache).
+after adding a release only runs what is new (`--fresh` ignores the cache). The hierarchical
+cache's table: `--configs hicache,hicache-hip --out docs/HISTORY_HICACHE.md`.
 """
 from __future__ import annotations
 
@@ -166,7 +167,7 @@ def render(results: dict, releases: list, configs: list, seeds: bool) -> str:
              "`record_stream` (RC005 on `eagle_sample: predict`, 0.5.23 fixed `async_d2h`): "
              "FINDINGS.md has the evidence." + ("" if "hicache" in configs else
                            " The hierarchical cache (`sglang-hicache`) has its own table, "
-                           "[HISTORY_HICACHE.md](HISTORY_HICACHE.md) (`--configs hicache`)."),
+                           "[HISTORY_HICACHE.md](HISTORY_HICACHE.md) (`--configs hicache,hicache-hip`)."),
              "",
              "## As shipped", "",
              *(["`hicache` is `sglang-hicache` (the hierarchical KV cache, docs/SGLANG.md): "
