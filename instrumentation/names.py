@@ -144,9 +144,10 @@ class HolderNames:
         seqs = []               # (a list or tuple holding it, "[i]", tensor)
 
         def held_by(ref, targets, found):
-            """(key, value, suffix) for each of `targets` (id -> (object, suffix)) `ref`
-            holds: as a dict value, or an attribute of an instance whose attributes live inline
-            (no __dict__ object made yet); None for a container of another kind."""
+            """Whether `ref` is done with: a dict (each of `targets`, id -> (object, suffix),
+            it holds under a string key goes to `found` as (dict, key, object, suffix)), or a
+            holder that names nothing (a class, a module, a frame). Anything else is an
+            instance, whose inline attributes the caller reads, or a list or tuple."""
             if isinstance(ref, dict):
                 for k, v in ref.items():
                     hit = targets.get(id(v))

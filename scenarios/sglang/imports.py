@@ -343,8 +343,12 @@ def needed(version=None) -> tuple:
     return tuple(shim for shim in SHIMS if shim.holds(version))
 
 
-def _stood_in(name: str) -> bool:
-    return isinstance(sys.modules.get(name), _MissingPackage)
+def _to_stand_in(name: str) -> bool:
+    """Not installed, or already stood in by an earlier install() (a forked engine process finds
+    its parent's stand-ins in sys.modules: they stay stood in, with their submodules)."""
+    if isinstance(sys.modules.get(name), _MissingPackage):
+        return True
+    return name not in sys.modules and importlib.util.find_spec(name) is None
 
 
 def install(native: tuple = NATIVE, version=None) -> tuple:
@@ -355,18 +359,13 @@ def install(native: tuple = NATIVE, version=None) -> tuple:
         sys.meta_path.remove(_FINDER)
     shims = needed(version)
     names = {shim.name for shim in shims}
-    # a second call (a forked engine process) finds its own stand-ins in sys.modules: they
-    # stay stood in, with their submodules
-    _FINDER.native = tuple(n for n in native if n in names and (_stood_in(n) or (
-        n not in sys.modules and importlib.util.find_spec(n) is None)))
+    _FINDER.native = tuple(n for n in native if n in names and _to_stand_in(n))
     _FINDER.modules = tuple(n for n in names if n.startswith("sglang."))
     _FINDER.vllm = "vllm" in names and importlib.util.find_spec("vllm") is None
     _FINDER.vllm_modules = ("vllm", "vllm._custom_ops") + (
         _VLLM_PACKAGES + tuple(_VLLM_LAYERS) if "vllm.model_executor.layers" in names else ())
-    _FINDER.torchvision = "torchvision" in names and (_stood_in("torchvision") or (
-        "torchvision" not in sys.modules and importlib.util.find_spec("torchvision") is None))
-    _FINDER.torchao = "torchao" in names and (_stood_in("torchao") or (
-        "torchao" not in sys.modules and importlib.util.find_spec("torchao") is None))
+    _FINDER.torchvision = "torchvision" in names and _to_stand_in("torchvision")
+    _FINDER.torchao = "torchao" in names and _to_stand_in("torchao")
     if _FINDER.torchvision:
         _transformers_sees_no_torchvision()
     if _FINDER.torchao:

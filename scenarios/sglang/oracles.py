@@ -20,26 +20,26 @@ def kv_cache(scheduler) -> dict | None:
     The first page is left out: sglang reserves it for the padded rows of graph batches, which
     write their dummy KV there."""
     pool = _target_pool(scheduler)
-    if pool is None:
+    buffers = _kv_buffers(pool)
+    if buffers is None:
         return None
-    import torch
-    keys, values = (getattr(pool, name, None) for name in surface.KV_BUFFERS)
-    if not keys or not values or len(keys) != len(values):
-        return None
-    rows = _device_rows(keys, values).view(torch.uint8).cpu().numpy()
+    rows = _as_bytes(_device_rows(*buffers))
     reserved = int(getattr(pool, "page_size", 1) or 1)
     written = rows[reserved:].any(axis=1).nonzero()[0] + reserved
-    return {str(int(slot)): hashlib.blake2b(rows[slot].tobytes(), digest_size=8).hexdigest()
-            for slot in written}
+    return {str(int(slot)): _digest(rows[slot]) for slot in written}
 
 
 def _target_pool(scheduler):
-    obj = scheduler
-    for name in surface.KV_POOL:
-        obj = getattr(obj, name, None)
-        if obj is None:
-            return None
-    return obj()
+    get_kvcache = _walk(scheduler, surface.KV_POOL)
+    return None if get_kvcache is None else get_kvcache()
+
+
+def _kv_buffers(pool):
+    """(per-layer key buffers, per-layer value buffers) of a pool, or None."""
+    keys, values = (getattr(pool, name, None) for name in surface.KV_BUFFERS)
+    if not keys or not values or len(keys) != len(values):
+        return None
+    return keys, values
 
 
 def kv_tiers(scheduler):
@@ -48,17 +48,15 @@ def kv_tiers(scheduler):
     tier."""
     root = _walk(scheduler, surface.TREE_ROOT)
     host = _walk(scheduler, surface.HOST_POOL)
-    pool = _target_pool(scheduler)
-    if root is None or host is None or pool is None:
+    buffers = _kv_buffers(_target_pool(scheduler))
+    if root is None or host is None or buffers is None:
         return None
     host = _walk(host, surface.HOST_POOL_IN_GROUP) or host
     buf, layout = getattr(host, surface.HOST_KV_BUFFER, None), getattr(host, "layout", None)
-    keys, values = (getattr(pool, name, None) for name in surface.KV_BUFFERS)
-    if buf is None or not keys or not values or len(keys) != len(values):
+    if buf is None:
         return None
     tree = _walk(scheduler, surface.TREE_ROOT[:-1])
-    return lambda: tiers(root, _device_rows(keys, values), _host_rows(buf, layout),
-                         _pending(tree))
+    return lambda: tiers(root, _device_rows(*buffers), _host_rows(buf, layout), _pending(tree))
 
 
 def tiers(root, device_rows, host_rows, pending=frozenset()) -> dict | None:
@@ -75,26 +73,27 @@ def tiers(root, device_rows, host_rows, pending=frozenset()) -> dict | None:
     sglang itself does not rely on their copies yet."""
     if host_rows is None:
         return None
-    if host_rows.dtype != device_rows.dtype:
-        host_rows = host_rows.to(device_rows.dtype)
+    device = _as_bytes(device_rows)
+    host = _as_bytes(host_rows.to(device_rows.dtype))
     out = {}
     stack = [(child, b"", 0) for child in root.children.values()]
     while stack:
         node, path, depth = stack.pop()
-        slots, host_indices = (_indices(t) for t in _kv_locations(node))
-        if id(node) in pending or any(getattr(node, mark, None) is not None
-                                      for mark in surface.NODE_PENDING_MARKS):
-            slots = None
+        in_flight = id(node) in pending or any(getattr(node, mark, None) is not None
+                                               for mark in surface.NODE_PENDING_MARKS)
+        slots, host_indices = (None, None) if in_flight else \
+            (_indices(t) for t in _kv_locations(node))
         entries = _entries(node.key)
         for i, entry in enumerate(entries):
             path = hashlib.blake2b(path + repr(entry).encode(), digest_size=8).digest()
             if slots is None or host_indices is None or i >= min(len(slots), len(host_indices)):
                 continue
-            on_device, on_host = _digest(device_rows, slots[i]), _digest(host_rows, host_indices[i])
+            on_device, on_host = _digest(device[slots[i]]), _digest(host[host_indices[i]])
             out[f"{depth + i + 1}:{path.hex()}"] = "agree" if on_device == on_host else \
                 f"device {on_device}, host {on_host}"
         stack.extend((child, path, depth + len(entries)) for child in node.children.values())
     return out
+
 
 def _pending(tree) -> frozenset:
     """ids of the tree nodes held by sglang's maps of unacknowledged transfers (each value a
@@ -180,8 +179,11 @@ def _entries(key) -> list:
     return [(extra, e) for e in entries] if extra is not None else entries
 
 
-def _digest(rows, index: int) -> str:
-    row = rows[index].contiguous()
+def _as_bytes(rows):
+    """Rows of KV as a numpy array of their bytes, one row per slot or host index."""
     import torch
-    return hashlib.blake2b(row.view(torch.uint8).cpu().numpy().tobytes(),
-                           digest_size=8).hexdigest()
+    return rows.contiguous().view(torch.uint8).cpu().numpy()
+
+
+def _digest(row) -> str:
+    return hashlib.blake2b(row.tobytes(), digest_size=8).hexdigest()

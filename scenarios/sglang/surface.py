@@ -155,7 +155,7 @@ TENSORS = (
 KV_POOL = ("token_to_kv_pool_allocator", "get_kvcache")
 KV_BUFFERS = ("k_buffer", "v_buffer")
 
-# sglang-hicache's KV oracle (oracles.kv_paths), read after the loop ended: the radix tree
+# sglang-hicache's KV oracle (oracles.kv_tiers), read after the loop ended: the radix tree
 # (`tree_cache.root_node`, its nodes' `children` and `key`), each node's device slots and host
 # indices (`value`, `host_value`; from 0.5.22 on the tree's nodes keep them per cache component,
 # `component_data[ComponentType.FULL]`), and the host pool of the cache controller
