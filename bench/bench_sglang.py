@@ -1,7 +1,7 @@
 """Where a run of the real sglang engine's time goes on a CPU (the front door, `sim`).
 
     python bench/bench_sglang.py [--scenario sglang-eagle-v2] [--set K=V ...] [--quick] [--naming]
-                                 [--whole-run ROUNDS]
+                                 [--whole-run ROUNDS] [--freeze ROUNDS]
 
 Prints, for one configuration: the import of sglang's scheduler (with racecheck's shims), then
 one `racecheck run` worth of work in a fresh process per phase split (scheduler construction,
@@ -17,7 +17,10 @@ with the walks counted and the findings compared.
 `--whole-run N` times a whole `racecheck run` (its warm-up, the instrumented run and its
 reference side by side) in fresh processes, N rounds alternating: with the run-time cuts of
 2026-11-27 (the interpreter's unread overflow checks skipped, names once per moment, the
-reference unchecked) against all three off, in the same code.
+reference unchecked) against all three off, in the same code. `--freeze N` compares engine
+processes that freeze what they inherit (`scenarios/fresh.py`) with processes that do not: the
+engine process's split (construction, loop, the collector's time, the objects in its reach),
+then whole runs, N rounds each, alternating.
 
 Then, side by side in one process: what importing sglang costs a forked engine process (every
 run, instrumented or reference, is one) from a cold parent, and from a parent warmed by
@@ -32,12 +35,25 @@ import sys
 import time
 
 CHILD = r"""
-import json, sys, time
+import gc, json, sys, time
 t0 = time.perf_counter()
 import racecheck
 from racecheck.instrumentation import names
 names.ONE_PASS_PER_MOMENT = len(sys.argv) < 4 or sys.argv[3] == "moment"
 from racecheck import scenarios
+if len(sys.argv) > 4 and sys.argv[4] == "frozen":     # as a child forked from a warmed parent
+    from racecheck.scenarios import fresh
+    fresh.warm(scenarios.get(sys.argv[1]))
+    fresh._freeze_inherited()
+collector = {"passes": 0, "seconds": 0.0}
+_began = [0.0]
+def _timed(phase, info):
+    if phase == "start":
+        _began[0] = time.perf_counter()
+    else:
+        collector["passes"] += 1
+        collector["seconds"] += time.perf_counter() - _began[0]
+gc.callbacks.append(_timed)
 from racecheck.scenarios.sglang import imports, surface
 from racecheck.scenarios.sglang.engine_run import _environment, _SIM_ENV, _import_quietly
 imports.install()
@@ -56,7 +72,8 @@ total = time.perf_counter() - t1
 print(json.dumps({"import": t_import, "run": total, **server.TIMINGS,
                   "events": rc.checker.events_processed, "findings": len(rc.findings),
                   "found": sorted(f"{f.rule} {f.tensor}" for f in rc.findings),
-                  "walks": getattr(namer, "passes", None)}))
+                  "walks": getattr(namer, "passes", None), "collector": collector,
+                  "objects": len(gc.get_objects())}))
 """
 
 
@@ -64,6 +81,8 @@ WHOLE = r"""
 import sys, time
 import racecheck
 from racecheck.instrumentation import names, triton_kernels
+from racecheck.scenarios import fresh
+fresh.FREEZE_INHERITED = sys.argv[1] != "thaw"
 if sys.argv[1] == "off":
     triton_kernels.OVERFLOW_CHECKS_AS_COMPILED = False
     names.ONE_PASS_PER_MOMENT = False
@@ -105,31 +124,61 @@ def warm_imports(scenario: str) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def phase(scenario: str, cfg: dict, naming: str = "moment") -> dict:
-    p = subprocess.run([sys.executable, "-c", CHILD, scenario, json.dumps(cfg), naming],
+def phase(scenario: str, cfg: dict, naming: str = "moment", inherited: str = "thawed") -> dict:
+    p = subprocess.run([sys.executable, "-c", CHILD, scenario, json.dumps(cfg), naming, inherited],
                        capture_output=True, text=True)
     if p.returncode != 0:
         raise SystemExit(f"bench_sglang: the run failed:\n{p.stderr[-3000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def whole_run(scenario: str, cfg: dict, rounds: int) -> None:
+def whole_run(scenario: str, cfg: dict, rounds: int, modes=("off", "on")) -> None:
     import statistics
     sets = [a for k, v in cfg.items() for a in ("--set", f"{k}={v}")]
-    got = {"off": [], "on": []}
+    got = {m: [] for m in modes}
+    said = {m: set() for m in modes}
     for r in range(rounds):
-        for how in (("off", "on") if r % 2 == 0 else ("on", "off")):
+        for how in (modes if r % 2 == 0 else modes[::-1]):
             p = subprocess.run([sys.executable, "-c", WHOLE, how, scenario, *sets],
                                capture_output=True, text=True, check=False)
             line = [ln for ln in p.stdout.splitlines() if ln.startswith("@@")]
             if not line or line[-1].split()[2] != "0":
                 raise SystemExit(f"bench_sglang: racecheck run failed:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
             got[how].append(float(line[-1].split()[1]))
-    off, on = statistics.median(got["off"]), statistics.median(got["on"])
+            said[how].add(_verdict(p.stdout))
+    (a, b), shown = modes, " ".join(f"{k}={v}" for k, v in cfg.items()) or "(defaults)"
+    off, on = statistics.median(got[a]), statistics.median(got[b])
+    label = {"off": "cuts off", "on": "on", "thaw": "children thawed", "freeze": "inherited frozen"}
+    print(f"racecheck run {scenario} {shown}, {rounds} rounds: {label[a]} {off:.1f}s "
+          f"{[round(x, 1) for x in got[a]]}, {label[b]} {on:.1f}s "
+          f"{[round(x, 1) for x in got[b]]} (x{off / on:.2f}); same report: "
+          f"{len(said[a] | said[b]) == 1}")
+
+
+def freeze_split(scenario: str, cfg: dict, rounds: int) -> None:
+    """The engine process's own split, thawed against frozen (alternating fresh processes)."""
+    import statistics
+    runs = {"thawed": [], "frozen": []}
+    for r in range(rounds):
+        for how in (("thawed", "frozen") if r % 2 == 0 else ("frozen", "thawed")):
+            runs[how].append(phase(scenario, cfg, inherited=how))
     shown = " ".join(f"{k}={v}" for k, v in cfg.items()) or "(defaults)"
-    print(f"racecheck run {scenario} {shown}, {rounds} rounds: cuts off {off:.1f}s "
-          f"{[round(x, 1) for x in got['off']]}, on {on:.1f}s {[round(x, 1) for x in got['on']]} "
-          f"(x{off / on:.2f})")
+    for how, got in runs.items():
+        med = {k: statistics.median(x[k] for x in got) for k in ("run", "construction", "loop")}
+        gcs = statistics.median(x["collector"]["seconds"] for x in got)
+        print(f"engine process {shown}, inherited objects {how}: run {med['run']:.1f}s "
+              f"{[round(x['run'], 1) for x in got]} = construction {med['construction']:.1f}s + "
+              f"loop {med['loop']:.1f}s; the collector {gcs:.1f}s in "
+              f"{got[0]['collector']['passes']} passes; {got[0]['objects']} objects in its reach")
+    same = len({json.dumps(x["found"]) for v in runs.values() for x in v}) == 1
+    print(f"same findings, frozen or thawed: {same}")
+
+
+def _verdict(out: str) -> str:
+    """A run's report without its timings."""
+    import re
+    return "\n".join(re.sub(r"\([0-9.]+s\)", "", ln) for ln in out.splitlines()
+                     if not ln.startswith("@@"))
 
 
 def naming(scenario: str, cfg: dict) -> None:
@@ -153,6 +202,9 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--whole-run", type=int, default=0, metavar="ROUNDS",
                     help="a whole racecheck run with the cuts off and on, alternating")
+    ap.add_argument("--freeze", type=int, default=0, metavar="ROUNDS",
+                    help="a whole racecheck run with forked engine processes freezing what they "
+                    "inherit and not, alternating")
     ap.add_argument("--naming", action="store_true", help="names once per moment against once "
                     "per batch of findings (graphs off unless --set)")
     args = ap.parse_args(argv)
@@ -173,6 +225,9 @@ def main(argv=None) -> int:
           f"{got['events']} events, {got['findings']} findings) + the rest")
     if args.whole_run:
         whole_run(args.scenario, cfg, args.whole_run)
+    if args.freeze:
+        freeze_split(args.scenario, cfg, args.freeze)
+        whole_run(args.scenario, cfg, args.freeze, ("thaw", "freeze"))
     if args.naming:
         naming(args.scenario, {"graphs": "off", **cfg})
     w = warm_imports(args.scenario)

@@ -1,6 +1,7 @@
 """The real sglang engine (the front door) on a GPU: what runs, findings, overhead.
 
     python3 bench/gpu_sglang.py --bundle BUNDLE --out OUT [--runs N] [--only NAME] [--profile]
+                                [--thaw]
     python3 bench/gpu_sglang.py --device sim --out OUT --runs 1 --only "cuda, eager" --quick
     python3 bench/gpu_sglang.py --dry ...                      # print the plan, run nothing
 
@@ -370,7 +371,8 @@ def summarize(c: dict, rows: list) -> dict:
 
 def table(data: dict) -> str:
     lines = [f"{data.get('gpu')}, torch {data.get('torch')}, sglang {data.get('sglang')}, "
-             f"{data['runs']} rounds, runs by {data['how']} (import {data.get('import_s')})",
+             f"{data['runs']} rounds, runs by {data['how']} (import {data.get('import_s')}), "
+             f"inherited objects {data.get('inherited')}",
              "| configuration | mode | construction s | loop s | step ms | loop x | step x | "
              "outputs differ |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for s in data["configs"]:
@@ -403,6 +405,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="one short request per run")
     ap.add_argument("--no-fork", action="store_true", help="a fresh interpreter per run")
     ap.add_argument("--dry", action="store_true", help="print the run plan and stop")
+    ap.add_argument("--thaw", action="store_true", help="engine processes leave what they "
+                    "inherit in the collector's reach (scenarios/fresh.py), as before 2026-11-28")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.one is not None:
@@ -416,9 +420,13 @@ def main(argv=None) -> int:
             print(f"{c['name']}: {json.dumps(spec)}")
         return 0
     site = install(args.bundle) if args.bundle else None
+    if args.thaw:
+        from racecheck.scenarios import fresh
+        fresh.FREEZE_INHERITED = False
     runner = Runner(args.device, site, fork=not args.no_fork)
     import torch
     data = {"runs": args.runs, "how": runner.how, "import_s": runner.import_s,
+            "inherited": "thawed" if args.thaw else "frozen",
             "device": args.device, "torch": torch.__version__, "configs": [],
             "gpu": torch.cuda.get_device_name() if args.device == "cuda" else "sim"}
     with contextlib.suppress(Exception):

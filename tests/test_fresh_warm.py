@@ -1,5 +1,6 @@
 """`fresh.warm`: a parent that forks one engine process per run imports the engine's
 dependencies once, never the engine itself (whose import must happen under each run's routing)."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -111,6 +112,55 @@ def test_a_server_answers_many_requests_from_one_process_and_reports_its_end():
     raising.kill()
 
 
+def _inherited_is_frozen(marker_id):
+    import gc
+    return gc.get_freeze_count() > 0, any(id(o) == marker_id for o in gc.get_objects()), \
+        len(gc.get_objects()) < gc.get_freeze_count()
+
+
+def _serve_frozen(chan, marker_id):
+    while chan.recv() is not None:
+        chan.send(_inherited_is_frozen(marker_id))
+
+
+def test_forked_engine_processes_freeze_what_they_inherit():
+    """An engine process's objects are mostly the warmed parent's imports: frozen in the child,
+    the collector's passes (sglang collects before each graph capture) and the name lookups
+    skip them; the parent's own collector is left as it was."""
+    import gc
+    from racecheck.scenarios import fresh
+    marker = [object()]
+    before = gc.get_freeze_count()
+    frozen, seen, few = fresh.call(_inherited_is_frozen, id(marker))
+    assert frozen and not seen and few
+    s = fresh.Server(_serve_frozen, id(marker))
+    assert s.request("how") == (True, False, True)
+    s.close()
+    assert gc.get_freeze_count() == before
+    assert any(o is marker for o in gc.get_objects())
+
+
+def _capture_collects():
+    from racecheck.scenarios.sglang import imports, server
+    from racecheck.scenarios.sglang.engine_run import _SIM_ENV, _environment, _import_quietly
+    imports.install()
+    with _environment(dict(_SIM_ENV)):
+        _import_quietly()
+        return server.server_args(server.Shape(graphs=True)).enable_cudagraph_gc
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="needs sglang")
+def test_a_frozen_engine_process_keeps_sglangs_capture_from_thawing_it(monkeypatch):
+    """sglang's `freeze_gc` around each graph capture ends with `gc.unfreeze()` (everything back
+    in the collector's reach) unless its own `enable_cudagraph_gc` says to collect during
+    capture: set only where the process froze what it inherited, sglang's default elsewhere."""
+    from racecheck.scenarios import fresh
+    frozen = fresh.start(_capture_collects)
+    monkeypatch.setattr(fresh, "FREEZE_INHERITED", False)
+    thawed = fresh.start(_capture_collects)
+    assert (frozen.result(), thawed.result()) == (True, False)
+
+
 # -- GPUs: a new interpreter per engine run --------------------------------------------------------
 
 def test_engine_runs_fork_on_sim_and_spawn_on_a_gpu():
@@ -142,3 +192,16 @@ def test_spawn_returns_raises_passes_scenarios_by_name_and_reports_a_death():
     t0 = time.monotonic()
     slow.cancel()
     assert time.monotonic() - t0 < 10 and slow.proc.returncode is not None
+
+
+def _frozen_before_the_engine(sc):
+    import gc
+    return gc.get_freeze_count() > 0, "transformers" in sys.modules, "sglang" in sys.modules
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="needs sglang")
+def test_a_spawned_engine_process_starts_as_a_forked_one_does():
+    """Warmed with the engine's dependencies, those frozen, the engine itself not imported."""
+    from racecheck.scenarios import fresh, get
+    assert fresh.spawn(_frozen_before_the_engine, get("sglang-eagle-v2")).result() == \
+        (True, True, False)

@@ -19,6 +19,7 @@ every batch, with its own WAR barrier.
 from __future__ import annotations
 
 import contextlib
+import gc
 import inspect
 import logging
 import os
@@ -94,6 +95,12 @@ def server_args(shape: Shape):
                   speculative_draft_model_path=os.path.join(MODEL_DIR, "draft"),
                   speculative_eagle_topk=shape.topk, speculative_num_steps=shape.steps,
                   speculative_num_draft_tokens=shape.draft_tokens)
+    if gc.get_freeze_count() and "enable_cudagraph_gc" in accepted:
+        # a forked engine process froze what it inherited (scenarios/fresh.py); sglang's
+        # capture would unfreeze it all at its end (`freeze_gc`) unless told to collect
+        # during capture instead, sglang's own option. Collector policy only: which pass
+        # frees a cycle of garbage, not what the program runs on its streams
+        kw["enable_cudagraph_gc"] = True
     kw.update(shape.extra)
     unknown = [k for k in kw if k not in accepted and k not in ("cuda_graph_max_bs_decode",
                                                                   "cuda_graph_max_bs")]
