@@ -118,3 +118,51 @@ def test_a_dropped_wait_groups_its_findings_and_names_every_temporary():
     assert len(groups) == len(edges) < len(res.race_findings)
     assert ("RC001", "plan_stream(draft)", "forward_stream") in edges
     assert not [f.tensor for f in res.race_findings if "unnamed" in f.tensor]
+
+
+_PROBE_CASE = '''
+class Worker:
+    def prepare_for_draft_extend(self):
+        from sglang.srt.utils.common import is_npu
+        return is_npu()
+
+    def plan(self):
+        return "no probe here"
+'''
+
+
+def _call_time_probes_on_npu():
+    import sys
+    import types
+
+    from racecheck.scenarios.sglang import imports, platform, surface
+    imports.install()
+    from sglang.srt.utils import common
+    case = types.ModuleType("racecheck_probe_case")
+    exec(_PROBE_CASE, case.__dict__)
+    sys.modules[case.__name__] = case
+    surface.NPU_CALL_TIME_PROBES = (
+        surface.Touch("racecheck_probe_case:Worker.prepare_for_draft_extend", "a test"),
+        surface.Touch("racecheck_probe_case:Worker.plan", "a test"),
+        surface.Touch("racecheck_probe_case:Worker.gone", "a test", optional=True))
+    original, plan = case.Worker.prepare_for_draft_extend, vars(case.Worker)["plan"]
+    applied = []
+    with platform._call_time_npu_probes(applied):
+        during = (case.Worker().prepare_for_draft_extend(), common.is_npu(),
+                  vars(case.Worker)["plan"] is plan)
+    after = (case.Worker().prepare_for_draft_extend(),
+             case.Worker.prepare_for_draft_extend is original)
+    return during, after, applied
+
+
+def test_the_npu_flavour_answers_a_probe_imported_at_call_time_only_inside_its_function():
+    """0.5.14-0.5.15 ask `is_npu()` through an import inside `prepare_for_draft_extend` (the
+    Ascend deferral of the draft extend's metadata, FINDINGS.md): True there while it runs,
+    sglang's own answer everywhere else and afterwards. In a forked child: sglang imported here
+    would be unrouted for the runs forked from this process."""
+    from racecheck.scenarios import fresh
+    during, after, applied = fresh.call(_call_time_probes_on_npu)
+    assert during == (True, False, True)
+    assert after == (False, True)
+    assert applied == ["racecheck_probe_case:Worker.prepare_for_draft_extend: is_npu() while "
+                       "it runs"]

@@ -83,7 +83,39 @@ def flavour(name: str):
         if name == "npu":
             import torch
             stack.enter_context(patched(torch.Tensor, "is_cuda", property(lambda t: False)))
+            stack.enter_context(_call_time_npu_probes(applied))
         yield applied
+
+
+@contextlib.contextmanager
+def _call_time_npu_probes(applied: list):
+    """The functions of `surface.NPU_CALL_TIME_PROBES` that import `is_npu` when they run see
+    True for the length of their call; every other caller keeps its own answer (a module
+    imported later must not bind a patched probe)."""
+    with contextlib.ExitStack() as stack:
+        for touch in surface.NPU_CALL_TIME_PROBES:
+            if not touch.exists():
+                continue
+            owner, attr = touch.owner_and_name()
+            fn = vars(owner).get(attr)
+            code = getattr(fn, "__code__", None)
+            if code is None or surface.CALL_TIME_PROBE_MODULE not in code.co_names or \
+                    "is_npu" not in code.co_names:
+                continue
+            stack.enter_context(patched(owner, attr, _probing_npu(fn)))
+            applied.append(f"{touch.target}: is_npu() while it runs")
+        yield
+
+
+def _probing_npu(fn):
+    import functools
+    common = importlib.import_module(surface.CALL_TIME_PROBE_MODULE)
+
+    @functools.wraps(fn)
+    def on_npu(*args, **kwargs):
+        with patched(common, "is_npu", lambda: True):
+            return fn(*args, **kwargs)
+    return on_npu
 
 
 @contextlib.contextmanager

@@ -248,6 +248,16 @@ PLATFORM_CALLS = {
     "npu": {"sglang.srt.speculative.eagle_worker_common": ("is_npu",),
             "sglang.srt.model_executor.input_buffers": ("is_npu",)},
 }
+# A probe a function imports when it runs (`from sglang.srt.utils.common import is_npu` inside
+# it), where no module binds a flag the flavour could set: on npu it answers True while that
+# function runs, and only where the function's own code imports it.
+NPU_CALL_TIME_PROBES = (
+    Touch("sglang.srt.speculative.base_spec_worker:EagleDraftWorkerBase.prepare_for_draft_extend",
+          "0.5.14-0.5.15: Ascend defers the draft extend's attention metadata to the forward "
+          "stream (not marked ready without graphs), asking is_npu() through an import inside "
+          "the function; from 0.5.16 eagle_worker_common binds _is_npu", optional=True),
+)
+CALL_TIME_PROBE_MODULE = "sglang.srt.utils.common"
 # sglang's tree build and greedy verify exist as CUDA C++ and as Triton kernels (taken on XPU):
 # every flavour takes the Triton ones here (same inputs, same outputs).
 TRITON_TREE = (Touch("sglang.kernels.ops.speculative.spec_tree:_is_xpu",
@@ -280,7 +290,8 @@ CAPABILITIES = Touch("sglang.srt.platforms:current_platform.capabilities",
 CAPABILITIES_TYPE = Touch("sglang.srt.platforms.interface:PlatformCapabilities",
                           "the capabilities record", optional=True)
 
-ALL = [v for v in list(globals().values()) if isinstance(v, Touch)] + list(TRITON_TREE)
+ALL = [v for v in list(globals().values()) if isinstance(v, Touch)] + list(TRITON_TREE) + \
+    list(NPU_CALL_TIME_PROBES)
 
 
 def check_release() -> None:
