@@ -137,9 +137,14 @@ def one_run(spec: dict) -> dict:
            "c_engine": native.checker_engine() is not None}
     device = spec.get("device", "cuda")
     try:
+        from racecheck.scenarios import fresh
         from racecheck.scenarios.sglang.engine_run import import_sglang
-        import_sglang(gpu=device != "sim")    # as a run imports it (a no-op once imported)
         sc = scenarios.get(spec["scenario"])
+        if spec.get("thaw"):
+            fresh.FREEZE_INHERITED = False
+        elif "sglang" not in sys.modules:     # a new interpreter starts as `racecheck run`'s do
+            fresh.begin_engine_process(sc)
+        import_sglang(gpu=device != "sim")    # as a run imports it (a no-op once imported)
         cfg = sc.config(overrides=spec["set"])
         steps = _Steps()
         server.TIMINGS.clear()
@@ -415,6 +420,8 @@ def main(argv=None) -> int:
     configs = [dict(c, set=dict(c["set"], **(QUICK if args.quick else {}))) for c in CONFIGS
                if args.only is None or args.only in c["name"]]
     steps = plan(configs, args.runs, args.profile, tuple(args.modes.split(",")))
+    if args.thaw:
+        steps = [(c, dict(spec, thaw=True)) for c, spec in steps]
     if args.dry:
         for c, spec in steps:
             print(f"{c['name']}: {json.dumps(spec)}")

@@ -212,6 +212,13 @@ def _freeze_inherited() -> None:
         gc.freeze()
 
 
+def begin_engine_process(sc) -> None:
+    """A new interpreter that will build `sc`'s engine starts as a child forked from a warmed
+    parent does: the engine's dependencies imported, then frozen."""
+    warm(sc)
+    _freeze_inherited()
+
+
 def start(fn, *args, **kwargs) -> Pending:
     """Fork a child that computes `fn(*args, **kwargs)`; this process goes on (a reference
     run and the instrumented run side by side, on two cores)."""
@@ -250,10 +257,9 @@ def _spawned_main() -> None:
         data = pickle.dumps((False, RuntimeError(
             f"the engine's process could not read its call: {exc}")))
     else:
-        for arg in args:                # what a forked child would inherit: the same freeze
+        for arg in args:
             if hasattr(arg, "import_engine"):
-                warm(arg)
-                _freeze_inherited()
+                begin_engine_process(arg)
         data = _computed(fn, args, kwargs)
     sys.stdout.flush()
     sys.stderr.flush()
