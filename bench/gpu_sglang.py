@@ -20,7 +20,7 @@ each run timed by the front door's own clock: construction (model load, pools, g
 apart from sglang's event loop, whose iterations (one `run_batch` each) are timed too: with
 graphs on, the loop is the steady state of graph replays. `--profile` adds one racecheck run
 per configuration under cProfile, its time split by component (racecheck's checker, its
-interception, sglang, torch, Triton).
+interception, sglang, torch, Triton), and its whole profile in OUT/profile-CONFIG.pstats.
 
 BUNDLE (a GPU machine without a package index; `scripts/gpu_bundle.sh` makes one): `sglang.txz`
 (or .tgz: sglang's Python sources and its dist-info) and `wheels/` (its light dependencies, and
@@ -183,6 +183,8 @@ def one_run(spec: dict) -> dict:
         out["outputs"] = outputs
         if profiler is not None:
             out["profile"] = components(profiler)
+            if spec.get("profile_file"):            # callers and all: `python -m pstats FILE`
+                profiler.dump_stats(spec["profile_file"])
     except BaseException as exc:           # noqa: BLE001 - report what did not run, and why
         import traceback
         out["error"] = f"{type(exc).__name__}: {exc}"[:600]
@@ -422,6 +424,9 @@ def main(argv=None) -> int:
     steps = plan(configs, args.runs, args.profile, tuple(args.modes.split(",")))
     if args.thaw:
         steps = [(c, dict(spec, thaw=True)) for c, spec in steps]
+    steps = [(c, dict(spec, profile_file=os.path.abspath(os.path.join(
+        args.out, "profile-" + c["name"].replace(", ", "-") + ".pstats"))))
+        if spec.get("profile") else (c, spec) for c, spec in steps]
     if args.dry:
         for c, spec in steps:
             print(f"{c['name']}: {json.dumps(spec)}")
