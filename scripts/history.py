@@ -66,8 +66,10 @@ HICACHE_FIXES = [
      "where the backup's start event is recorded, wait for the forward just launched; the race "
      "upstream #20611 describes; dropping that barrier on 0.5.16 brings the race back)", "0.5.16",
      ("hicache",)),
-    ("the same backups on the hip flavour, which has no WAR barrier (ordered from 0.5.22; "
-     "which change orders them there is not traced)", "0.5.22", ("hicache-hip",)),
+    ("the same backups on the hip flavour, which has no WAR barrier (from 0.5.22 the overlap "
+     "loop no longer decodes a request its result in flight finishes by length, "
+     "`_reqs_finishing_inflight`: no round writes the rows being backed up; a scheduling "
+     "change, not a wait, FINDINGS.md)", "0.5.22", ("hicache-hip",)),
     ("load-back copies wait for the forward stream (`HiCacheController.start_loading`: the "
      "host-to-device stream waits for `load_fence_stream`, which the scheduler sets to its "
      "forward stream; the fence upstream #36738 describes)", "0.5.19", ("hicache",)),
