@@ -197,7 +197,7 @@ def _outcome(data: bytes, code: int):
     return value
 
 
-FREEZE_INHERITED = True         # bench/bench_sglang.py --whole-run compares with a child that does not
+FREEZE_INHERITED = True     # bench_sglang.py --freeze, gpu_sglang.py --thaw: compared with off
 
 
 def _freeze_inherited() -> None:

@@ -96,7 +96,7 @@ def server_args(shape: Shape):
                   speculative_eagle_topk=shape.topk, speculative_num_steps=shape.steps,
                   speculative_num_draft_tokens=shape.draft_tokens)
     if gc.get_freeze_count() and "enable_cudagraph_gc" in accepted:
-        # a forked engine process froze what it inherited (scenarios/fresh.py); sglang's
+        # the engine process froze the imports it started with (scenarios/fresh.py); sglang's
         # capture would unfreeze it all at its end (`freeze_gc`) unless told to collect
         # during capture instead, sglang's own option. Collector policy only: which pass
         # frees a cycle of garbage, not what the program runs on its streams
