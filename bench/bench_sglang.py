@@ -43,8 +43,7 @@ names.ONE_PASS_PER_MOMENT = len(sys.argv) < 4 or sys.argv[3] == "moment"
 from racecheck import scenarios
 if len(sys.argv) > 4 and sys.argv[4] == "frozen":     # as a child forked from a warmed parent
     from racecheck.scenarios import fresh
-    fresh.warm(scenarios.get(sys.argv[1]))
-    fresh._freeze_inherited()
+    fresh.begin_engine_process(scenarios.get(sys.argv[1]))
 collector = {"passes": 0, "seconds": 0.0}
 _began = [0.0]
 def _timed(phase, info):
@@ -203,8 +202,8 @@ def main(argv=None) -> int:
     ap.add_argument("--whole-run", type=int, default=0, metavar="ROUNDS",
                     help="a whole racecheck run with the cuts off and on, alternating")
     ap.add_argument("--freeze", type=int, default=0, metavar="ROUNDS",
-                    help="a whole racecheck run with forked engine processes freezing what they "
-                    "inherit and not, alternating")
+                    help="engine processes that freeze what they inherit against not: the "
+                    "engine process's split, then whole runs, alternating")
     ap.add_argument("--naming", action="store_true", help="names once per moment against once "
                     "per batch of findings (graphs off unless --set)")
     args = ap.parse_args(argv)
