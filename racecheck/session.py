@@ -26,13 +26,18 @@ def active_session():
 class Session:
     def __init__(self, device: str = "sim", *, executor=None, record_trace: bool = False,
                  before_launch=None, delay_plan=None, device_module=None, route_cuda=None,
-                 check: bool = True, **backend_options):
+                 check: bool = True, known_races=None, **backend_options):
         if device not in DEVICES:
             raise UsageError(f"unknown device {device!r} (choose from {', '.join(DEVICES)})")
         if route_cuda and device != "sim":
             raise UsageError("route_cuda=True stands in for torch.cuda on the sim backend only")
         self.device = device
         self.recorder = Recorder(record_trace=record_trace, check=check)
+        if known_races:
+            # the caller sets these races apart (`filter_findings` with the same entries):
+            # those it can tell by rule and code site are made without the program's names
+            from racecheck.core.suppressions import settled_by
+            self.recorder.set_settled(settled_by(known_races))
         self._executor = executor
         self._before_launch = before_launch
         self.delay_plan = delay_plan

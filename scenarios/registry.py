@@ -289,8 +289,11 @@ class Scenario:
 
     def session_options(self, cfg: dict, device: str) -> dict:
         """Options the scenario's runs on `device` need from racecheck.session (e.g. torch.cuda
-        routing on sim), plus the synchronization sites cfg drops."""
+        routing on sim), plus the synchronization sites cfg drops and the triaged races its
+        runs set apart (`split_known`: the checker names none it can tell by site alone)."""
         opts = dict(self._session_options(cfg, device)) if self._session_options else {}
+        if getattr(self, "known_findings", None):
+            opts["known_races"] = self.known_findings
         drop = drop_sync_sites(cfg)
         if drop:
             opts["drop_sync"] = drop
@@ -399,6 +402,8 @@ def run(sc: Scenario, cfg: dict, device: str = "sim", seed: int = 0,
     t0 = time.perf_counter()
     options = sc.session_options(cfg, device)
     options.update(session_options or {})
+    if keep_known:
+        options.pop("known_races", None)
     own_ref = device == "sim" and not session_options and _is_own_reference(sc, cfg)
     ref_pending = None
     own_process = fresh.mode(sc, device)

@@ -65,6 +65,7 @@ class FastChecker:
         self._engine = module.Engine(self.context_window, _kit())
         self._py: Checker | None = None
         self._namer = None
+        self._settled = None
         self.handed_over_at = None      # events the engine handled before the Python took over
         self.handed_over_on = None      # the event it stopped at ("Kernel add_", ...)
 
@@ -79,6 +80,16 @@ class FastChecker:
             self._py.namer = namer
 
     @property
+    def settled(self):
+        return self._settled
+
+    @settled.setter
+    def settled(self, settled) -> None:
+        self._settled = settled
+        if self._py is not None:
+            self._py.settled = settled
+
+    @property
     def handed_over(self) -> bool:
         """The Python checker has taken over (a finding was possible at some event)."""
         return self._py is not None
@@ -91,6 +102,7 @@ class FastChecker:
         self.handed_over_at = self._engine.events_processed
         py = Checker.awaiting_export(self.context_window)
         py.namer = self._namer
+        py.settled = self._settled
         self._engine.export(py)
         missing = state.not_exported(py)
         if missing:

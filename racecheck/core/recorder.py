@@ -95,6 +95,12 @@ class Recorder:
         one event's findings together (a namer that walks the process's objects walks once)."""
         self._checker.namer = namer
 
+    def set_settled(self, settled) -> None:
+        """`settled(rule, current, previous) -> bool`: races the caller sets apart by rule and
+        code site alone (racecheck.core.suppressions.settled_by); their findings are made
+        without asking the namer."""
+        self._checker.settled = settled
+
     # -- ids and timelines ----------------------------------------------------------------------
     def new_timeline(self) -> int:
         with self.lock:

@@ -39,9 +39,10 @@ class Suppression:
     reason: str = ""
     source: str = ""          # "file:line" of the entry, for stale warnings
 
-    def _locations(self, f) -> list[str]:
+    @staticmethod
+    def _locations(current, previous) -> list[str]:
         out = []
-        for a in (f.current, f.previous):
+        for a in (current, previous):
             if a.location:
                 out.append(a.location)
                 if a.function:
@@ -49,15 +50,25 @@ class Suppression:
             out.extend(a.stack)
         return out
 
-    def matches(self, f) -> bool:
-        if not fnmatchcase(f.rule, self.rule) or not fnmatchcase(f.tensor, self.tensor):
+    @property
+    def any_tensor(self) -> bool:
+        """The entry takes every tensor: whether it matches needs only a race's rule and sites."""
+        return set(self.tensor) == {"*"}
+
+    def matches_site(self, rule: str, current, previous) -> bool:
+        """Rule and location globs against a race's two accesses (`Access`)."""
+        if not fnmatchcase(rule, self.rule):
             return False
         if self.location in ("*", ""):
             return True
         pats = [self.location]
         if not self.location.startswith(("/", "*")):  # relative globs match at any folder depth
             pats.append("*/" + self.location)
-        return any(fnmatchcase(c, p) for c in self._locations(f) for p in pats)
+        return any(fnmatchcase(c, p) for c in self._locations(current, previous) for p in pats)
+
+    def matches(self, f) -> bool:
+        return fnmatchcase(f.tensor, self.tensor) and self.matches_site(f.rule, f.current,
+                                                                        f.previous)
 
     def __str__(self) -> str:
         where = f" ({self.source})" if self.source else ""
@@ -95,6 +106,21 @@ def load_suppressions(path) -> list[Suppression]:
         raise UsageError(f"{path}: no such suppressions file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"{path}: cannot read suppressions: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def settled_by(suppressions):
+    """`settled(rule, current, previous)` for the checker (`Recorder.set_settled`): True where an
+    entry that takes every tensor matches the race's rule and sites, so the race is set apart
+    whatever its tensor is called, and naming it (a walk over the process's objects) would be
+    paid for nothing. None where no entry is of that kind. The split itself is still
+    `filter_findings`'."""
+    sups = [s for s in _as_suppressions(suppressions) if s.any_tensor]
+    if not sups:
+        return None
+
+    def settled(rule, current, previous) -> bool:
+        return any(s.matches_site(rule, current, previous) for s in sups)
+    return settled
 
 
 # -- baseline -----------------------------------------------------------------------------------

@@ -138,7 +138,7 @@ def main(args) -> int:
     code = finish(res.findings, args, meta, console=console)
     if res.known:
         console.print(f"known upstream races: {len(res.known)} finding(s) of races triaged in "
-                      "docs/FINDINGS.md, not counted (--all reports them)", markup=False,
+                      "docs/FINDINGS.md, not counted (--all reports and names them)", markup=False,
                       soft_wrap=True)
     if res.diff_ok:
         console.print(f"differential: outputs equal the serialized run ({res.seconds:.2f}s)", markup=False)

@@ -95,18 +95,20 @@ class Names:
                 parts.append(_span_text(lo, hi - 1))
         return ", ".join(parts)
 
-    def _describe(self, storage, ranges):
-        """(Place of the ranges, name entry or None)."""
+    def _describe(self, storage, ranges, ask=True):
+        """(Place of the ranges, name entry or None); `ask=False` looks for no name (neither the
+        namer nor the creating statement's source: a finding its caller sets apart by rule and
+        code site, whose name nobody reads)."""
         lo, hi = ranges[0][0], ranges[-1][1]
         nm = self._name_for(storage, lo, hi)
         byte_text = ", ".join(_span_text(a, b - 1) for a, b in ranges)
-        if nm is None and self.namer is not None:
+        if nm is None and ask and self.namer is not None:
             held = self.namer(storage, lo, hi)
             if held:
                 return Place(held, storage, "bytes", byte_text, byte_text, True), None
         if nm is None:
             site = self._sites.get(storage)
-            made = creation_name(site[1][0]) if site is not None and site[1] else None
+            made = creation_name(site[1][0]) if ask and site is not None and site[1] else None
             if made:
                 return Place(made, storage, "bytes", byte_text, byte_text, True), None
             if site is not None:

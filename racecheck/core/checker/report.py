@@ -66,33 +66,43 @@ class Reporting:
     def _flush(self):
         pend = self._pend
         self._pend = {}
+        made = []           # (entry, current Access, previous Access, ask the namer)
+        settled = self.settled
+        for e in pend.values():
+            if not e.segs:
+                continue
+            if e.rule == "RC007":
+                made.append((e, None, None, True))
+                continue
+            cur = self._access(e.cur, "write" if e.cw else "read")
+            prev = self._access(e.prev, "write" if e.pw else "read")
+            made.append((e, cur, prev, settled is None or not settled(e.rule, cur, prev)))
         prefetch = getattr(self.namer, "prefetch", None)
-        if prefetch is not None and pend:
+        if prefetch is not None and made:
             # the program's names for this event's unnamed storages, found in one pass
-            need = [e.sh.storage for e in pend.values()
-                    if e.segs and not self._names.get(e.sh.storage)]
+            need = [e.sh.storage for e, _c, _p, ask in made
+                    if ask and not self._names.get(e.sh.storage)]
             if need:
                 prefetch(need)
-        for rule, prev, cur, pw, cw, fp, segs, sh in pend.values():
-            if not segs:
-                continue
+        for e, cur, prev, ask in made:
             # group the racing segments by tensor name (a pool storage can hold several)
             groups = {}
-            for lo, hi in segs:
-                nm = self._name_for(sh.storage, lo, hi)
+            for lo, hi in e.segs:
+                nm = self._name_for(e.sh.storage, lo, hi)
                 k = nm.order if nm is not None else None
                 groups.setdefault(k, []).append((lo, hi))
             for ranges in groups.values():
                 ranges = iv_normalize(ranges)
-                if rule == "RC007":
-                    self._report_rc007(prev, cur, fp, sh.storage, ranges)
+                if e.rule == "RC007":
+                    self._report_rc007(e.prev, e.cur, e.fp, e.sh.storage, ranges)
                 else:
-                    self._report_race(rule, prev, cur, pw, cw, fp, sh.storage, ranges)
+                    self._report_race(e.rule, e.prev, e.cur, cur, prev, e.fp, e.sh.storage,
+                                      ranges, ask)
 
-    def _report_race(self, rule, prev, cur, pw, cw, fp, storage, ranges):
-        place, _nm = self._describe(storage, ranges)
-        race = Race(rule, place, self._access(cur, "write" if cw else "read"),
-                    self._access(prev, "write" if pw else "read"),
+    def _report_race(self, rule, prev, cur, cur_access, prev_access, fp, storage, ranges,
+                     ask=True):
+        place, _nm = self._describe(storage, ranges, ask)
+        race = Race(rule, place, cur_access, prev_access,
                     context=self._context((prev[TL], cur[TL]), prev[SEQ], cur[SEQ]),
                     approx=fp.approx or self._approx(prev, storage) or "", host_current=cur[HOST])
         self.finding_set.add(describe(race))

@@ -198,6 +198,10 @@ FIELDS = (
     Field("namer", "naming", "callable | None", "(storage, lo, hi) -> the program's own name for an "
           "unnamed tensor (instrumentation supplies it: the attribute holding the tensor); asked "
           "only when a finding is made", CONFIG, lambda: None),
+    Field("settled", "report", "callable | None", "(rule, current Access, previous Access) -> "
+          "True for a race its caller sets apart by rule and code site alone (a triaged upstream "
+          "race): its finding is made without asking the namer, so nobody pays for a name no one "
+          "reads", CONFIG, lambda: None),
     Field("merge_replays", "graphs", "bool", "merge a replay into shadow memory in one step where "
           "the per-op update could note nothing (a class default; False runs every replay op by "
           "op)", CONFIG),
