@@ -303,7 +303,6 @@ class Graphs:
     def _report_rc006(self, gr, inp, stale, fresh, ev, seq, s, reader=None, index_use=()):
         g = gr.gid
         st = inp.storage
-        place, nm = self._describe(st, stale)
         # the captured op reading the stale bytes
         cop = reader or gr.ops[inp.ops[0]]
         for idx in (() if reader is not None else inp.ops):
@@ -330,6 +329,8 @@ class Graphs:
             prev = Access(op=f"replay of graph {g}", stream=self.timeline_name(ltid),
                           kind="replay", location=loc, function=fn, stack=frames, seq=lseq)
             prev_tid, prev_seq = ltid, lseq
+        place, nm = self._describe(st, stale, self.settled is None
+                                   or not self.settled("RC006", cur, prev))
         return Race("RC006", place, cur, prev, context=self._context((prev_tid, s.tid), prev_seq, seq),
                     approx=self._fp_approx_in(cop, st) or "", graph=g,
                     fresh=self._units(fresh, nm, st), index_use=index_use)
