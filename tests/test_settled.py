@@ -77,3 +77,38 @@ def test_the_engine_hands_the_settled_races_to_the_python_checker():
         out[name] = [(f.rule, f.tensor) for f in checker.process_all(rc.trace.events).findings]
     assert out["python"] == out["engine"] and out["python"][0][1].startswith("unnamed tensor")
     assert asked == []
+
+
+def _padded_replays():
+    """A graph reading 8 rows of an unnamed buffer whose rows [:bs] alone are rewritten before
+    each replay (RC006 on the padded rows)."""
+    from test_checker import D, TB, Z, fp
+    from test_checker_graphs import G, capture, replay
+    from racecheck.core.trace import CapturedOp
+    rows, out = 40, 41
+    tb = TB()
+    tb.tensor(rows, 64)
+    tb.tensor(out, 64, "logits")
+    tb.tensor(Z, 64, "weights")
+    capture(tb, G, [CapturedOp((fp(rows, 0, 64), fp(Z, 0, 64)), (fp(out, 0, 64),), "gather",
+                               (("/eng/model.py", 50, "forward"),))])
+    for bs in (8, 3, 3):
+        tb.k(D, w=[fp(rows, 0, bs * 8)], op="copy_", fn="populate")
+        replay(tb, G, D)
+    return tb.events
+
+
+@pytest.mark.parametrize("entry, named", [("RC006 * model.py:*  # padded rows, triaged\n", False),
+                                          ("RC006 * other.py:*  # another site\n", True)])
+def test_a_settled_stale_padding_read_is_not_named(entry, named):
+    asked = []
+
+    def namer(storage, lo, hi):
+        asked.append(storage)
+        return "held_rows"
+
+    checker = Checker()
+    checker.namer, checker.settled = namer, settled_by(parse_suppressions(entry))
+    found = checker.process_all(_padded_replays()).findings
+    assert [f.rule for f in found] == ["RC006"]
+    assert (found[0].tensor == "held_rows") is named and bool(asked) is named
