@@ -24,6 +24,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import threading
 import zlib
 
 from racecheck.core.errors import UsageError
@@ -45,6 +46,7 @@ BUILTIN = {"eagle-v2": "racecheck.scenarios.eagle_v2:SCENARIO",
 
 _SCENARIOS: dict = {}          # name -> Scenario, every one loaded so far
 _paths_loaded: set = set()
+_LOADING = threading.RLock()    # get/names: the check and the load are one step
 
 
 def _from_spec(name: str, spec: str, origin: str) -> Scenario:
@@ -129,20 +131,22 @@ def register(scenario: Scenario) -> Scenario:
 
 def names() -> list:
     """Every scenario's name, racecheck's own first (loads them all)."""
-    for name, (spec, origin) in _sources().items():
-        _SCENARIOS[name] = _from_spec(name, spec, origin)
-    _load_paths()
+    with _LOADING:
+        for name, (spec, origin) in _sources().items():
+            _SCENARIOS[name] = _from_spec(name, spec, origin)
+        _load_paths()
     order = list(BUILTIN)
     return [n for n in order if n in _SCENARIOS] + [n for n in _SCENARIOS if n not in order]
 
 
 def get(name: str) -> Scenario:
-    _load_paths()
-    sc = _SCENARIOS.get(name)
-    if sc is not None:
+    with _LOADING:      # threads asking at once (scripts/history.py --jobs) load each one once
+        _load_paths()
+        sc = _SCENARIOS.get(name)
+        if sc is not None:
+            return sc
+        source = _sources().get(name)
+        if source is None:
+            raise UsageError(f"unknown scenario '{name}' (known: {', '.join(names())})")
+        sc = _SCENARIOS[name] = _from_spec(name, *source)
         return sc
-    source = _sources().get(name)
-    if source is None:
-        raise UsageError(f"unknown scenario '{name}' (known: {', '.join(names())})")
-    sc = _SCENARIOS[name] = _from_spec(name, *source)
-    return sc

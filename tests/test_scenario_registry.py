@@ -139,3 +139,43 @@ def test_the_reference_runs_where_it_can_differ():
     toy, calls = _counting_scenario(reference=dict)                      # another order
     scenarios.run(toy, {}, device="sim", session_options={"executor": AdversarialExecutor({})})
     assert calls == [True, False]
+
+
+def test_threads_asking_for_a_scenario_at_once_all_get_it(monkeypatch):
+    """scripts/history.py --jobs summarizes runs on threads: a load finishing between another
+    thread's lookup and its look at what is left to load made that thread's scenario unknown.
+    The two threads are stepped into that order where nothing keeps them out of it."""
+    import threading
+
+    import racecheck.scenarios as registry
+    from_spec, sources = registry._from_spec, registry._sources
+    second_looked, first_done = threading.Event(), threading.Event()
+    second = []
+
+    def slow_from_spec(*args):
+        second_looked.wait(0.5)        # the lock keeps the second thread out: go on alone
+        return from_spec(*args)
+
+    def late_sources():
+        if threading.current_thread() in second:
+            second_looked.set()
+            first_done.wait(5)
+        return sources()
+    monkeypatch.setattr(registry, "_from_spec", slow_from_spec)
+    monkeypatch.setattr(registry, "_sources", late_sources)
+    monkeypatch.delitem(registry._SCENARIOS, "eagle-v2", raising=False)
+    got, errors = [], []
+
+    def ask():
+        try:
+            got.append(registry.get("eagle-v2").name)
+        except Exception as exc:      # noqa: BLE001 (the failure under test)
+            errors.append(exc)
+    one, two = threading.Thread(target=ask), threading.Thread(target=ask)
+    second.append(two)
+    one.start()
+    two.start()
+    one.join()
+    first_done.set()
+    two.join()
+    assert errors == [] and got == ["eagle-v2", "eagle-v2"]
