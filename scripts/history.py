@@ -4,6 +4,8 @@ upstream fix: writes docs/HISTORY.md.
     python scripts/history.py --release 0.5.23=.venv --release 0.5.20=DIR ... [--out FILE]
                               [--configs cuda-eager,cuda-graphs,hip,npu] [--seeds] [--jobs N]
 
+docs/HISTORY.md is `--configs cuda-eager,cuda-graphs,hip,npu,overlap,npu-mrope,cuda-graphs-mrope`.
+
 The supported range, one release per minor: 0.5.8.post1, 0.5.9, 0.5.10.post1, 0.5.11, 0.5.12.post1, 0.5.13.post1,
 0.5.14, 0.5.15.post1, 0.5.16 ... 0.5.23. Each `--release VERSION=VENV` names an environment set up by
 `SGLANG=VERSION VENV=DIR bash scripts/setup.sh`; every run is `racecheck run` in that
@@ -31,6 +33,10 @@ CONFIGS = {
     "cuda-graphs": ("sglang-eagle-v2", ["graphs=on"]),
     "hip": ("sglang-eagle-v2", ["flavour=hip", "graphs=off"]),
     "npu": ("sglang-eagle-v2", ["flavour=npu", "graphs=off"]),
+    # an mrope target (Qwen2.5-VL): the NPU recompute after the plan-stream join (#23423), and
+    # on CUDA the spec mrope positions the plan stream computes and the decode graph's slot
+    "npu-mrope": ("sglang-eagle-v2", ["flavour=npu", "graphs=off", "mrope=on"]),
+    "cuda-graphs-mrope": ("sglang-eagle-v2", ["graphs=on", "mrope=on"]),
     "overlap": ("sglang-overlap", ["graphs=off"]),
     "hicache": ("sglang-hicache", []),
     "hicache-hip": ("sglang-hicache", ["flavour=hip"]),
@@ -43,7 +49,8 @@ SEEDS = ("no-verify_plan_wait", "no-draft_extend_plan_wait", "no-verify_join",
 FIXES = [
     ("#21940 draft -> verify prep ordered (event; later a plan-stream wait)", "0.5.11"),
     ("#23613 piecewise-graph mm_input copy", "0.5.11"),
-    ("#23423 NPU mrope positions recomputed after the plan-stream join", "0.5.12"),
+    ("#23423 NPU mrope positions recomputed after the plan-stream join", "0.5.12",
+     ("npu-mrope", "cuda-graphs-mrope")),
     ("#26292 req_pool_indices zeroed in graph padding (PaddingPolicy.ZERO)", "0.5.13"),
     ("#25879/#26380 seq_lens through FutureMap.publish / publish_ready", "0.5.13"),
     ("WAR barrier: the schedule stream waits for the forward before the next schedule "
@@ -169,8 +176,15 @@ def render(results: dict, releases: list, configs: list, seeds: bool) -> str:
              "for two iterations), and before 0.5.13 the graph runners' padded rows (RC006) "
              "read the last replay's token ids, positions and draft scores, which is benign; on "
              "the npu flavour of 0.5.15.post1 to 0.5.22 the results' host copies run without "
-             "`record_stream` (RC005 on `eagle_sample: predict`, 0.5.23 fixed `async_d2h`): "
-             "FINDINGS.md has the evidence." if eagle else
+             "`record_stream` (RC005 on `eagle_sample: predict`, 0.5.23 fixed `async_d2h`). "
+             "The `-mrope` columns run an mrope target (a Qwen2.5-VL): where verify's plan "
+             "stream has no wait (0.5.8 to 0.5.10, 0.5.13 to 0.5.19) it also computes the "
+             "verify's multimodal positions from the draft's positions early (RC001 "
+             "`ForwardBatch.positions` on npu; on CUDA inside the same missing wait's group), "
+             "which npu's recompute after the join (#23423, 0.5.12) discards and CUDA did not "
+             "before 0.5.20; the padded-row RC006 of 0.5.8 to 0.5.12 is on `mrope_positions`, "
+             "which the model reads instead of `positions`. FINDINGS.md has the evidence."
+             if eagle else
                 " FINDINGS.md (\"HiCache\") has the evidence.")
              + ("" if "hicache" in configs else
                 " The hierarchical cache (`sglang-hicache`) has its own table, "

@@ -6,6 +6,7 @@ its rule and the engine's name for the tensor. Needs sglang (scripts/setup.sh) a
 """
 import fnmatch
 import importlib.util
+import os
 import subprocess
 import sys
 
@@ -15,6 +16,7 @@ from racecheck import scenarios
 
 from helpers import run_alone, what_ran
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("sglang") is None or importlib.util.find_spec("triton") is None,
     reason="needs sglang and racecheck[sglang,triton] (scripts/setup.sh); CI installs them")
@@ -171,3 +173,39 @@ def test_the_npu_flavour_answers_a_probe_imported_at_call_time_only_inside_its_f
     assert after == (False, True)
     assert applied == ["racecheck_probe_case:Worker.prepare_for_draft_extend: is_npu() while "
                        "it runs"]
+
+
+def _mrope_engine_setup():
+    from racecheck.scenarios.sglang import imports, platform, server
+    from racecheck.scenarios.sglang.engine_run import _SIM_ENV, _environment, _import_quietly
+    imports.install()
+    with _environment(dict(_SIM_ENV)):
+        _import_quietly()
+        import sglang.srt.speculative.eagle_worker_v2 as v2
+        flags = {}
+        for graphs in (False, True):
+            with platform.flavour("npu", graphs=graphs):
+                flags[graphs] = v2._is_npu
+        models = [os.path.basename(server.server_args(server.Shape(mrope=m)).model_path)
+                  for m in (True, False)]
+        return flags, v2._is_npu, *models
+
+
+def test_mrope_picks_its_target_and_npu_sets_the_workers_own_flag_with_graphs_off_only():
+    """The Ascend mrope recompute of 0.5.12-0.5.15 is gated on eagle_worker_v2's `_is_npu`, which
+    also picks Ascend's graph runners: the npu flavour sets it for eager engines only."""
+    from racecheck.scenarios import fresh
+    flags, after, mrope_model, model = fresh.call(_mrope_engine_setup)
+    assert flags == {False: True, True: False} and after is False
+    assert (mrope_model, model) == ("target-mrope", "target")
+
+
+def test_an_mrope_target_on_the_npu_flavour_reports_only_the_flavours_known_race():
+    """The tiny Qwen2.5-VL target: sglang computes mrope positions for every batch, and the
+    verify's spec mrope positions on the plan stream, then again after the join on npu. What
+    the npu flavour reports is its documented missing WAR barrier, nothing on mrope."""
+    from racecheck.core.suppressions import filter_findings
+    res = _run(mrope=True, flavour="npu", graphs=False)
+    kept = filter_findings(res.findings, os.path.join(ROOT, "ci", "known-failures", "npu.supp")).kept
+    assert kept == [], "\n".join(f.message() for f in kept)
+    assert res.diff_ok, res.diff_detail

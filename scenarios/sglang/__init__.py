@@ -70,6 +70,9 @@ _SCHEDULE_KNOBS = [
     Knob("max_steps", 80, "int", "scheduler loop iterations at most, per traffic phase",
          minimum=1, maximum=1000),
     Knob("seed", 0, "int", "prompt tokens and the dummy weights", minimum=0),
+    Knob("mrope", False, "bool", "a target model with multimodal rotary positions (a tiny "
+         "Qwen2.5-VL, text-only requests): each ForwardBatch carries mrope_positions, and "
+         "EAGLE's verify computes them from the draft's positions on the plan stream (#23423)"),
 ]
 KNOBS = _SCHEDULE_KNOBS[:4] + [
     Knob("publish_delay_us", 0, "int", "hold the forward stream this long right after "
@@ -195,9 +198,10 @@ SCENARIO = Scenario(
     reference=_reference, diff_fields=_DIFF_FIELDS,
     session_options=lambda cfg, device: {"route_cuda": device == "sim"},
     strategy=_strategy,
-    # flavour, max_steps and publish_delay_us are "drawn" by never changing them (strategy.HELD)
+    # flavour, max_steps, publish_delay_us and mrope are "drawn" by never changing them
+    # (strategy.HELD)
     drawn_knobs=("arrivals", "steps", "topk", "draft_tokens", "shared_prefix", "graph_bs",
-                 "flavour", "max_steps", "publish_delay_us"))
+                 "flavour", "max_steps", "publish_delay_us", "mrope"))
 KNOWN_RACES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "known-races.supp")
 SCENARIO.engine_version = _engine_version
 SCENARIO.known_findings = KNOWN_RACES
@@ -221,7 +225,7 @@ OVERLAP_SCENARIO = Scenario(
     diff_fields=_DIFF_FIELDS,
     session_options=lambda cfg, device: {"route_cuda": device == "sim"},
     strategy=_strategy,
-    drawn_knobs=("arrivals", "shared_prefix", "graph_bs", "flavour", "max_steps"))
+    drawn_knobs=("arrivals", "shared_prefix", "graph_bs", "flavour", "max_steps", "mrope"))
 OVERLAP_SCENARIO.engine_version = _engine_version
 OVERLAP_SCENARIO.known_findings = KNOWN_RACES
 OVERLAP_SCENARIO.fresh_process = True

@@ -82,7 +82,7 @@ def shape_of(cfg: dict) -> Shape:
                  graphs=cfg["graphs"], graph_bs=list(cfg["graph_bs"]),
                  max_running=max(max(cfg["graph_bs"]), busiest),
                  seed=cfg["seed"], page_size=cfg.get("page_size", 1),
-                 extra=dict(cfg.get("server_args") or {}))
+                 mrope=cfg.get("mrope", False), extra=dict(cfg.get("server_args") or {}))
 
 
 def arrivals_of(cfg: dict) -> list:
@@ -155,7 +155,7 @@ def _engine(cfg: dict, rc, *, gpu: bool):
         if cfg.get("speculative", True) and surface.SPEC_V2_SWITCH.exists():
             # before 0.5.14: spec v2 behind sglang's own switch (off by default up to 0.5.10)
             stack.enter_context(_environment({"SGLANG_ENABLE_SPEC_V2": "1"}))
-        stack.enter_context(platform.flavour(cfg["flavour"]))
+        stack.enter_context(platform.flavour(cfg["flavour"], graphs=cfg["graphs"]))
         starts = []
         for extension in RUN_EXTENSIONS:
             got = extension(cfg)

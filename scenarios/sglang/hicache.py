@@ -310,7 +310,7 @@ HICACHE_SHIPPED = {
 }
 HICACHE_DRAWN = ("arrivals", "write_policy", "layout", "io_backend", "device_tokens",
                  "host_ratio", "families", "graphs", "speculative", "flavour", "max_steps",
-                 "graph_bs", "shared_prefix", "publish_delay_us", "chunked_prefill")
+                 "graph_bs", "shared_prefix", "publish_delay_us", "chunked_prefill", "mrope")
 
 
 def _hicache_strategy(sc, fixed: dict, explore: bool):

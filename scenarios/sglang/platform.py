@@ -15,7 +15,9 @@ npu   the Ascend branches of the speculative worker (mrope recompute after the p
       metadata ready only for graph replays, graph runners keep their own input buffers), no
       WAR barrier; Ascend tensors are not `is_cuda`. Where Ascend calls an op of its own (the
       verify's cache locations before 0.5.22, the greedy verify before 0.5.15), the kernel
-      with the same inputs and outputs runs.
+      with the same inputs and outputs runs. On 0.5.12-0.5.15 the mrope recompute is gated on
+      eagle_worker_v2's own flag, which there and later also picks Ascend's graph runners: it
+      is set with graphs off only (`surface.PLATFORM_FLAGS_EAGER`).
 
 Kernels sglang implements only as CUDA C++ (tree build, greedy verify) run as the Triton
 versions sglang ships for XPU, on every flavour: same inputs, same outputs. Releases that ship no
@@ -43,14 +45,18 @@ def _module(name: str):
 
 
 @contextlib.contextmanager
-def flavour(name: str):
+def flavour(name: str, graphs: bool = True):
     """Apply flavour `name` for a block (sglang imported, the scheduler not yet built); yields
-    the names it set, for `racecheck run --verbose`."""
+    the names it set, for `racecheck run --verbose`. `graphs`: the engine captures graphs
+    (flags that would pick a platform's own graph runners stay unset then)."""
     if name not in FLAVOURS:
         raise ValueError(f"unknown platform flavour {name!r} (choose from {', '.join(FLAVOURS)})")
     applied = []
+    flag_tables = [surface.PLATFORM_FLAGS[name]]
+    if not graphs:
+        flag_tables.append(surface.PLATFORM_FLAGS_EAGER.get(name, {}))
     with contextlib.ExitStack() as stack:
-        for modname, flags in surface.PLATFORM_FLAGS[name].items():
+        for modname, flags in (item for table in flag_tables for item in table.items()):
             mod = _module(modname)
             for flag in flags:
                 if mod is not None and flag in vars(mod):

@@ -61,6 +61,7 @@ class Shape:
     max_running: int = 8
     seed: int = 0
     page_size: int = 1
+    mrope: bool = False     # the target model: model/target-mrope (Qwen2.5-VL), else model/target
     # further ServerArgs fields, as the launcher's flags would set them (a sibling scenario's
     # engine options, e.g. the hierarchical cache's); applied last, checked like the rest
     extra: dict = field(default_factory=dict)
@@ -71,7 +72,8 @@ def server_args(shape: Shape):
     a release does not have are left out (older spellings where they differ)."""
     ServerArgs = _need("sglang.srt.server_args", "ServerArgs")
     accepted = inspect.signature(ServerArgs).parameters
-    kw = dict(model_path=os.path.join(MODEL_DIR, "target"), load_format="dummy",
+    target = "target-mrope" if shape.mrope else "target"
+    kw = dict(model_path=os.path.join(MODEL_DIR, target), load_format="dummy",
               skip_tokenizer_init=True, device="cuda", attention_backend="triton", tp_size=1,
               dtype="float32", random_seed=shape.seed, page_size=shape.page_size,
               context_length=CONTEXT_LEN, max_total_tokens=MAX_TOTAL_TOKENS,

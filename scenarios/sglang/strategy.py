@@ -71,10 +71,11 @@ SHIPPED = {
     "forward_delay_us": "no setting: a hold on the forward stream before run_batch (timing only)",
 }
 # Knobs every example keeps at the user's value (or the default): the platform is the runner's,
-# the step cap only guards the loop, dropped sites come only from --drop-sync or a variant, and
-# the hold after the publish exists from sglang 0.5.13 on (a drawn value would stop older
-# releases' searches; execution-order plans move the forward stream anyway).
-HELD = ("flavour", "max_steps", "drop_sync", "publish_delay_us")
+# the step cap only guards the loop, dropped sites come only from --drop-sync or a variant, the
+# hold after the publish exists from sglang 0.5.13 on (a drawn value would stop older releases'
+# searches; execution-order plans move the forward stream anyway), and the target model is the
+# user's (`--set mrope=on` fuzzes the mrope target: another model is another engine to build).
+HELD = ("flavour", "max_steps", "drop_sync", "publish_delay_us", "mrope")
 
 MAX_GROUPS = 4                  # per phase
 MAX_PHASES = 3

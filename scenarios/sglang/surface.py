@@ -248,6 +248,13 @@ PLATFORM_CALLS = {
     "npu": {"sglang.srt.speculative.eagle_worker_common": ("is_npu",),
             "sglang.srt.model_executor.input_buffers": ("is_npu",)},
 }
+# Flags the flavour sets only with graphs off. On npu, 0.5.12 to 0.5.15 gate the verify's mrope
+# recompute after the plan-stream join (#23423) on eagle_worker_v2's own `_is_npu`; the same flag
+# picks the Ascend graph runners there and in every later release (NPUGraphRunner, the draft-extend
+# capture), which need Ascend's graph API, so with graphs on the flavour leaves it unset.
+PLATFORM_FLAGS_EAGER = {
+    "npu": {"sglang.srt.speculative.eagle_worker_v2": ("_is_npu",)},
+}
 # A probe a function imports when it runs (`from sglang.srt.utils.common import is_npu` inside
 # it), where no module binds a flag the flavour could set: on npu it answers True while that
 # function runs, and only where the function's own code imports it.
