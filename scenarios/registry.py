@@ -389,12 +389,15 @@ def _serialized(sc: Scenario, cfg: dict, seed: int) -> dict:
 
 
 def run(sc: Scenario, cfg: dict, device: str = "sim", seed: int = 0,
-        session_options: dict | None = None, keep_known: bool = False) -> RunResult:
+        session_options: dict | None = None, keep_known: bool = False,
+        save_trace: str | None = None) -> RunResult:
     """Run `cfg` once under racecheck.session(device, **session_options); compare with the reference.
 
     Findings that match the scenario's triaged upstream races (`Scenario.known_findings`, a
     suppressions file whose every entry cites docs/FINDINGS.md) are set apart in `known`, so that
-    runs, fuzzing and mutation analysis report what is new; `keep_known` reports them too."""
+    runs, fuzzing and mutation analysis report what is new; `keep_known` reports them too.
+    `save_trace`: write the instrumented run's trace there (JSON lines: `racecheck check`,
+    `racecheck explain`), from the process that ran it."""
     from . import fresh
 
     check_device(device)
@@ -415,12 +418,12 @@ def run(sc: Scenario, cfg: dict, device: str = "sim", seed: int = 0,
     try:
         if own_process:
             session = fresh.start_for(sc, device, _instrumented, sc, cfg, device, seed,
-                                      options).result()
+                                      options, save_trace).result()
             for value in options.values():            # the child's executor state, here
                 if hasattr(value, "adopt"):
                     value.adopt(session.executor)
         else:
-            session = _instrumented(sc, cfg, device, seed, options)
+            session = _instrumented(sc, cfg, device, seed, options, save_trace)
     except BaseException:
         if ref_pending is not None:
             ref_pending.cancel()
@@ -465,12 +468,17 @@ class SessionResult:
     executor: dict | None = None         # the executor's state (see AdversarialExecutor.adopt)
 
 
-def _instrumented(sc: Scenario, cfg: dict, device: str, seed: int, options: dict) -> SessionResult:
+def _instrumented(sc: Scenario, cfg: dict, device: str, seed: int, options: dict,
+                  save_trace: str | None = None) -> SessionResult:
     import racecheck
     torch_device = "cpu" if device == "sim" else device
+    if save_trace:
+        options = dict(options, record_trace=True)
     with racecheck.session(device=device, **options) as rc:
         ctx = RunContext(rc.device_module, torch_device, rc, pin=True, seed=seed)
         outputs = sc.run_once(cfg, ctx)
+    if save_trace:
+        rc.save_trace(save_trace)
     executor = options.get("executor")
     return SessionResult(outputs, list(rc.findings), list(rc.internal_errors),
                          {"events": rc.checker.events_processed}, rc.sync_sites.sites(),

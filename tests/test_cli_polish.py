@@ -126,3 +126,24 @@ def test_run_plan_from_a_file_is_shown_and_kept_in_the_repro_line(tmp_path, caps
     out = capsys.readouterr().out
     assert code == 1 and "executor: adversarial, plan" in out
     assert "--plan" in out.split("repro:", 1)[1]
+
+
+def test_run_saves_the_trace_check_reads(tmp_path, capsys):
+    """`racecheck run --save-trace`: the instrumented run's trace, written by the process that ran
+    it, gives the same findings when checked again offline."""
+    import json
+    trace = tmp_path / "run.jsonl"
+    report = tmp_path / "run.json"
+    assert cli.main(["run", "eagle-v2", "--variant", "no-draft_done_event", "--save-trace",
+                     str(trace), "--report", f"json={report}"]) == 1
+    checked = tmp_path / "check.json"
+    assert cli.main(["check", str(trace), "--report", f"json={checked}"]) == 1
+    fingerprints = [sorted(f["fingerprint"] for f in json.loads(p.read_text())["findings"])
+                    for p in (report, checked)]
+    assert fingerprints[0] and fingerprints[0] == fingerprints[1]
+
+
+def test_run_refuses_a_trace_path_it_cannot_write_before_running(tmp_path, capsys):
+    assert cli.main(["run", "eagle-v2", "--save-trace", str(tmp_path / "no" / "t.jsonl")]) == 2
+    err = capsys.readouterr()
+    assert "--save-trace" in err.err and "racecheck run eagle-v2 on" not in err.out

@@ -23,6 +23,9 @@ def add_arguments(p) -> None:
                    help="also report the scenario's triaged upstream races (docs/FINDINGS.md), "
                         "which are otherwise counted apart")
     p.add_argument("--seed", default=0, type=_seed, help="request contents seed (default: 0)")
+    p.add_argument("--save-trace", metavar="FILE", default=None,
+                   help="save the instrumented run's trace as JSON lines (racecheck check, "
+                        "racecheck explain)")
     p.add_argument("--drop-sync", action="append", default=[], metavar="SITE", dest="drop_sync",
                    help="drop a synchronization site (repeatable; ids from `racecheck mutate "
                         "SCENARIO --list`, fnmatch patterns allowed)")
@@ -66,6 +69,19 @@ def _seed(text: str) -> int:
         raise UsageError(f"--seed {text!r}: expected an integer") from None
 
 
+def _trace_path(path):
+    """Where --save-trace writes, checked before the run (the run's process may be another)."""
+    if not path:
+        return None
+    import os
+    from racecheck.core.errors import UsageError
+    full = os.path.abspath(path)
+    folder = os.path.dirname(full)
+    if os.path.isdir(full) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise UsageError(f"--save-trace {path}: not a file in a writable folder")
+    return full
+
+
 def repro_line(name: str, variant, sets: dict, device: str, seed: int, plan=None) -> str:
     parts = ["racecheck", "run", name]
     if variant:
@@ -99,6 +115,7 @@ def main(args) -> int:
         from racecheck.reports import parse_report_specs
         parse_report_specs(args.report)
     plan = load_plan(args.plan, args.device) if getattr(args, "plan", None) else None
+    trace_path = _trace_path(getattr(args, "save_trace", None))
 
     console = Console(highlight=False)
     changed = {k: v for k, v in cfg.items() if v != sc.config()[k]}
@@ -118,7 +135,8 @@ def main(args) -> int:
     from racecheck.scenarios.fresh import EngineProcessDied
     try:
         res = scenarios.run(sc, cfg, device=args.device, seed=args.seed, session_options=options,
-                            keep_known=getattr(args, "keep_known", False))
+                            keep_known=getattr(args, "keep_known", False),
+                            save_trace=trace_path)
     except EngineProcessDied as exc:
         # a memory fault is what a race can cause; racecheck's C code can too
         console.print(f"fault: {exc}: the program crashed under this order (to rule out "
