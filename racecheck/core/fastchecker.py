@@ -56,6 +56,21 @@ def _open_hazards(view: Checker, namer, ev, seq, h_tid, blk, a_tid, items, names
     return view._rc005_hazards(ev, seq, h_tid, blk, a_tid, items)
 
 
+def _passed_on(name: str) -> property:
+    """A caller's setting of the Python checker (state.CONFIG): kept here while the engine runs,
+    given to the Python checker at the handover, and to it directly after."""
+    private = "_" + name
+
+    def get(self):
+        return getattr(self, private)
+
+    def put(self, value) -> None:
+        setattr(self, private, value)
+        if self._py is not None:
+            setattr(self._py, name, value)
+    return property(get, put)
+
+
 class FastChecker:
     """Checker's interface; the C engine until the first event that could make a finding."""
 
@@ -69,25 +84,8 @@ class FastChecker:
         self.handed_over_at = None      # events the engine handled before the Python took over
         self.handed_over_on = None      # the event it stopped at ("Kernel add_", ...)
 
-    @property
-    def namer(self):
-        return self._namer
-
-    @namer.setter
-    def namer(self, namer) -> None:
-        self._namer = namer
-        if self._py is not None:
-            self._py.namer = namer
-
-    @property
-    def settled(self):
-        return self._settled
-
-    @settled.setter
-    def settled(self, settled) -> None:
-        self._settled = settled
-        if self._py is not None:
-            self._py.settled = settled
+    namer = _passed_on("namer")
+    settled = _passed_on("settled")
 
     @property
     def handed_over(self) -> bool:
@@ -101,8 +99,7 @@ class FastChecker:
     def _handover(self) -> Checker:
         self.handed_over_at = self._engine.events_processed
         py = Checker.awaiting_export(self.context_window)
-        py.namer = self._namer
-        py.settled = self._settled
+        py.namer, py.settled = self._namer, self._settled
         self._engine.export(py)
         missing = state.not_exported(py)
         if missing:
