@@ -30,6 +30,11 @@ def pairs(findings) -> list:
     return [(f.rule, f.tensor) for f in findings]
 
 
+def frames(finding) -> list:
+    """Every frame of both accesses of a finding, as `file.py:123 in fn`."""
+    return [frame for a in (finding.current, finding.previous) for frame in a.stack]
+
+
 def messages(findings) -> str:
     """Every finding's message, for an assertion to show what was found instead."""
     return "\n".join(f.message() for f in findings)

@@ -14,6 +14,8 @@ import pytest
 
 from racecheck import scenarios
 
+from helpers import frames
+
 needs_sglang = pytest.mark.skipif(
     importlib.util.find_spec("sglang") is None or importlib.util.find_spec("triton") is None,
     reason="needs sglang and racecheck[sglang,triton] (scripts/setup.sh); CI installs them")
@@ -102,8 +104,7 @@ def test_as_shipped_is_clean_and_kv_comes_back_from_host(policy):
     assert tiers and set(tiers.values()) == {"agree"}
     # only the triaged start-up race (FutureMap, built after the host pool's blocking uploads)
     assert res.known and all(any("overlap_utils.py:" in fr and fr.endswith(" in __init__")
-                                 for a in (f.current, f.previous) for fr in a.stack)
-                             for f in res.known)
+                                 for fr in frames(f)) for f in res.known)
 
 
 @needs_sglang

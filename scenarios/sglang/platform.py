@@ -47,8 +47,8 @@ def _module(name: str):
 @contextlib.contextmanager
 def flavour(name: str, graphs: bool = True):
     """Apply flavour `name` for a block (sglang imported, the scheduler not yet built); yields
-    the names it set, for `racecheck run --verbose`. `graphs`: the engine captures graphs
-    (flags that would pick a platform's own graph runners stay unset then)."""
+    the names it set. `graphs`: the engine captures graphs (flags that would pick a platform's
+    own graph runners stay unset then)."""
     if name not in FLAVOURS:
         raise ValueError(f"unknown platform flavour {name!r} (choose from {', '.join(FLAVOURS)})")
     applied = []
