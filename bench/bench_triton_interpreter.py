@@ -1,18 +1,23 @@
-"""Triton's CPU interpreter under racecheck `sim`, with and without racecheck's two cuts
+"""Triton's CPU interpreter under racecheck `sim`, with and without racecheck's cuts
 (`instrumentation/triton_kernels.py`), side by side in one run:
 - `BUILTINS_ONCE`: builtins scanned once per session, not at every launch and nested
   `@triton.jit` call;
 - `OVERFLOW_CHECKS_AS_COMPILED`: no integer-overflow checks computed for a `device_assert`
-  that drops them (a launch without `debug`, as compiled on a GPU).
+  that drops them (a launch without `debug`, as compiled on a GPU);
+- `LANGUAGE_ONCE_PER_LAUNCH`: a nested `@triton.jit` call does not patch the language the
+  launch already patched;
+- `DTYPES_MEMOIZED`: a value's numpy dtype looked up, not worked out per value.
 
-    python bench/bench_triton_interpreter.py [--rounds 5] [--launches 40] [--sglang] [--quick]
+    python bench/bench_triton_interpreter.py [--rounds 5] [--launches 40] [--quick]
+        [--sglang [--graphs on|off] [--compare SETTING SETTING]]
 
 Kernel: a small kernel whose programs do integer index arithmetic and call a `@triton.jit`
 helper (as sglang's do), `--launches` launches per session, sessions rotating through the
 settings; per setting the median per launch, and the median of the per-round ratios to
 Triton's own interpreter. `--sglang` adds the real engine (`sglang-eagle-v2`, default
-schedule, graphs off; sglang installed): one fresh process per run, Triton's interpreter as is
-against both cuts, alternating, sglang's loop time from the front door's clock, and whether
+schedule, graphs off unless `--graphs on`; sglang installed): one fresh process per run, two
+settings alternating (default: Triton's interpreter as is against all four cuts), the engine's
+construction (graph captures included) and loop from the front door's clock, and whether
 tokens and findings are the same.
 """
 from __future__ import annotations
@@ -52,25 +57,32 @@ from racecheck.instrumentation import triton_kernels
 from racecheck.scenarios.registry import RunContext
 from racecheck.scenarios.sglang import imports, server
 from racecheck.scenarios.sglang.engine_run import _environment, _SIM_ENV, _import_quietly
-triton_kernels.BUILTINS_ONCE = triton_kernels.OVERFLOW_CHECKS_AS_COMPILED = sys.argv[1] == "cut"
+for name, on in zip(json.loads(sys.argv[1]), json.loads(sys.argv[2])):
+    setattr(triton_kernels, name, on)
 imports.install()
 with _environment(dict(_SIM_ENV)):
     _import_quietly()
 sc = scenarios.get("sglang-eagle-v2")
-cfg = sc.config(overrides={"graphs": False})
+cfg = sc.config(overrides={"graphs": sys.argv[3] == "on"})
 with racecheck.session(device="sim", **sc.session_options(cfg, "sim")) as rc:
     out = sc.run_once(cfg, RunContext(rc.device_module, "cpu", rc, pin=True, seed=0))
 found = sorted(f"{f.rule} {f.tensor}" for f in rc.findings)
-print("@@" + json.dumps({"loop": server.TIMINGS.get("loop"), "outputs": repr(out),
+print("@@" + json.dumps({"loop": server.TIMINGS.get("loop"),
+                         "construction": server.TIMINGS.get("construction"), "outputs": repr(out),
                          "findings": found}))
 """
 
 
-SETTINGS = {                   # name -> (BUILTINS_ONCE, OVERFLOW_CHECKS_AS_COMPILED)
-    "triton": (False, False),
-    "builtins once": (True, False),
-    "overflow as compiled": (False, True),
-    "both": (True, True),
+SWITCHES = ("BUILTINS_ONCE", "OVERFLOW_CHECKS_AS_COMPILED", "LANGUAGE_ONCE_PER_LAUNCH",
+            "DTYPES_MEMOIZED")
+SETTINGS = {                   # name -> the four switches, in SWITCHES' order
+    "triton": (False, False, False, False),
+    "builtins once": (True, False, False, False),
+    "overflow as compiled": (False, True, False, False),
+    "both": (True, True, False, False),
+    "language once per launch": (False, False, True, False),
+    "dtypes memoized": (False, False, False, True),
+    "all four": (True, True, True, True),
 }
 
 
@@ -78,7 +90,8 @@ def _session_seconds(setting: str, launches: int) -> float:
     from racecheck.instrumentation import triton_kernels
 
     import racecheck
-    triton_kernels.BUILTINS_ONCE, triton_kernels.OVERFLOW_CHECKS_AS_COMPILED = SETTINGS[setting]
+    for name, on in zip(SWITCHES, SETTINGS[setting]):
+        setattr(triton_kernels, name, on)
     src = torch.arange(256, dtype=torch.float32)
     dst = torch.empty_like(src)
     with racecheck.session(device="sim"):
@@ -90,8 +103,9 @@ def _session_seconds(setting: str, launches: int) -> float:
     return seconds
 
 
-def _engine(cut: bool) -> dict:
-    p = subprocess.run([sys.executable, "-c", ENGINE_CHILD, "cut" if cut else "triton"],
+def _engine(setting: str, graphs: bool) -> dict:
+    p = subprocess.run([sys.executable, "-c", ENGINE_CHILD, json.dumps(SWITCHES),
+                        json.dumps(SETTINGS[setting]), "on" if graphs else "off"],
                        capture_output=True, text=True, check=False)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("@@")]
     if not lines:
@@ -104,6 +118,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--launches", type=int, default=40)
     ap.add_argument("--sglang", action="store_true")
+    ap.add_argument("--graphs", choices=("on", "off"), default="off")
+    ap.add_argument("--compare", nargs=2, choices=list(SETTINGS), default=("triton", "all four"),
+                    metavar="SETTING", help="the two settings the engine runs compare")
     ap.add_argument("--quick", action="store_true", help="4 rounds of 5 launches (CI)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -131,20 +148,24 @@ def main(argv=None) -> int:
     if args.sglang and importlib.util.find_spec("sglang") is None:
         print("bench_triton_interpreter: sglang is not installed; --sglang skipped")
     elif args.sglang:
-        runs = {True: [], False: []}
+        base, cut = args.compare
+        runs = {base: [], cut: []}
         for r in range(max(2, args.rounds // 2)):
-            for cut in ((False, True) if r % 2 == 0 else (True, False)):
-                runs[cut].append(_engine(cut))
+            for setting in ((base, cut) if r % 2 == 0 else (cut, base)):
+                runs[setting].append(_engine(setting, args.graphs == "on"))
         same = all(a["outputs"] == b["outputs"] and a["findings"] == b["findings"]
-                   for a, b in zip(runs[True], runs[False]))
-        loops = {k: [x["loop"] for x in v] for k, v in runs.items()}
-        result["sglang_loop_s"] = {"triton": loops[False], "both": loops[True]}
-        result["sglang_loop_speedup"] = statistics.median(loops[False]) / statistics.median(loops[True])
-        result["sglang_same_outputs_and_findings"] = same
-        print(f"sglang-eagle-v2 loop (graphs off): Triton's interpreter "
-              f"{statistics.median(loops[False]):.1f} s, both cuts "
-              f"{statistics.median(loops[True]):.1f} s (x{result['sglang_loop_speedup']:.2f}); "
-              f"same tokens and findings: {same}")
+                   for a, b in zip(runs[base], runs[cut]))
+        eng = {}
+        for phase in ("construction", "loop"):
+            got = {k: [x[phase] for x in v] for k, v in runs.items()}
+            eng[phase] = {"seconds": got, "speedup": statistics.median(got[base])
+                          / statistics.median(got[cut])}
+        result["sglang"] = {"graphs": args.graphs, "compare": [base, cut], **eng,
+                            "same_outputs_and_findings": same}
+        print(f"sglang-eagle-v2 (graphs {args.graphs}), {base} against {cut}: " + "; ".join(
+            f"{phase} {statistics.median(e['seconds'][base]):.1f} s against "
+            f"{statistics.median(e['seconds'][cut]):.1f} s (x{e['speedup']:.2f})"
+            for phase, e in eng.items()) + f"; same tokens and findings: {same}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=1)

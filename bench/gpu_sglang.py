@@ -1,7 +1,7 @@
 """The real sglang engine (the front door) on a GPU: what runs, findings, overhead.
 
     python3 bench/gpu_sglang.py --bundle BUNDLE --out OUT [--runs N] [--only NAME] [--profile]
-                                [--thaw]
+                                [--profile-loop] [--thaw]
     python3 bench/gpu_sglang.py --device sim --out OUT --runs 1 --only "cuda, eager" --quick
     python3 bench/gpu_sglang.py --dry ...                      # print the plan, run nothing
 
@@ -20,7 +20,9 @@ each run timed by the front door's own clock: construction (model load, pools, g
 apart from sglang's event loop, whose iterations (one `run_batch` each) are timed too: with
 graphs on, the loop is the steady state of graph replays. `--profile` adds one racecheck run
 per configuration under cProfile, its time split by component (racecheck's checker, its
-interception, sglang, torch, Triton), and its whole profile in OUT/profile-CONFIG.pstats.
+interception, sglang, torch, Triton), and its whole profile in OUT/profile-CONFIG.pstats;
+`--profile-loop` profiles that run from the loop's first `run_batch` on (no construction, no
+capture: the steady state).
 
 BUNDLE (a GPU machine without a package index; `scripts/gpu_bundle.sh` makes one): `sglang.txz`
 (or .tgz: sglang's Python sources and its dist-info) and `wheels/` (its light dependencies, and
@@ -91,8 +93,9 @@ def child_env(site: str | None) -> dict:
 class _Steps:
     """Times each iteration of sglang's loop: a stamp at every `Scheduler.run_batch` call."""
 
-    def __init__(self):
+    def __init__(self, on_first=None):
         self.stamps = []
+        self.on_first = on_first
 
     @contextlib.contextmanager
     def installed(self):
@@ -103,6 +106,8 @@ class _Steps:
         stamps = self.stamps
 
         def timed(scheduler, *args, **kwargs):
+            if not stamps and self.on_first is not None:
+                self.on_first()
             stamps.append(time.perf_counter())
             return run_batch(scheduler, *args, **kwargs)
         with patched(owner, name, timed):
@@ -146,15 +151,16 @@ def one_run(spec: dict) -> dict:
             fresh.begin_engine_process(sc)
         import_sglang(gpu=device != "sim")    # as a run imports it (a no-op once imported)
         cfg = sc.config(overrides=spec["set"])
-        steps = _Steps()
-        server.TIMINGS.clear()
         profiler = None
+        if spec.get("profile"):
+            import cProfile
+            profiler = cProfile.Profile()
+        steps = _Steps(on_first=profiler.enable if spec.get("profile") == "loop" else None)
+        server.TIMINGS.clear()
         t0 = time.perf_counter()
         with steps.installed():
             if spec["mode"] == "racecheck":
-                if spec.get("profile"):
-                    import cProfile
-                    profiler = cProfile.Profile()
+                if profiler is not None and spec["profile"] != "loop":
                     profiler.enable()
                 try:
                     res = _instrumented(sc, cfg, device, 0, sc.session_options(cfg, device))
@@ -329,7 +335,7 @@ class Runner:
         return got
 
 
-def plan(configs: list, runs: int, profile: bool, modes=MODES) -> list:
+def plan(configs: list, runs: int, profile, modes=MODES) -> list:
     """[(config, spec)] in run order: a warm-up, then rounds of every mode, then profiles."""
     out = []
     for c in configs:
@@ -338,7 +344,7 @@ def plan(configs: list, runs: int, profile: bool, modes=MODES) -> list:
         for _ in range(runs):
             out.extend((c, dict(base, mode=m)) for m in modes)
         if profile:
-            out.append((c, dict(base, mode="racecheck", profile=True)))
+            out.append((c, dict(base, mode="racecheck", profile=profile)))
     return out
 
 
@@ -407,6 +413,8 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--only", default=None, help="configurations whose name has this")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--profile-loop", action="store_true", help="the profiled run from the "
+                    "loop's first batch on")
     ap.add_argument("--modes", default=",".join(MODES), help="of plain,nothing,racecheck")
     ap.add_argument("--device", default="cuda", choices=("cuda", "sim"))
     ap.add_argument("--quick", action="store_true", help="one short request per run")
@@ -421,7 +429,8 @@ def main(argv=None) -> int:
         return 0
     configs = [dict(c, set=dict(c["set"], **(QUICK if args.quick else {}))) for c in CONFIGS
                if args.only is None or args.only in c["name"]]
-    steps = plan(configs, args.runs, args.profile, tuple(args.modes.split(",")))
+    steps = plan(configs, args.runs, "loop" if args.profile_loop else args.profile,
+                 tuple(args.modes.split(",")))
     if args.thaw:
         steps = [(c, dict(spec, thaw=True)) for c, spec in steps]
     steps = [(c, dict(spec, profile_file=os.path.abspath(os.path.join(

@@ -526,6 +526,8 @@ def _tensors(v):
 
 BUILTINS_ONCE = True        # bench/bench_triton_interpreter.py compares with Triton's own scan
 OVERFLOW_CHECKS_AS_COMPILED = True      # the same bench compares with the interpreter's own
+LANGUAGE_ONCE_PER_LAUNCH = True         # the same bench compares with a patch per nested call
+DTYPES_MEMOIZED = True                  # and with a numpy dtype worked out per value
 
 
 def _builtins_scanned_once(orig):
@@ -552,6 +554,51 @@ def _builtins_scanned_once(orig):
             if core.is_builtin(member):
                 interpreter._patch_attr(pkg, name, member, builder, scope)
     return patch_builtin
+
+
+_STARTING = object()
+
+
+def _language_once_per_launch(orig, tls):
+    """Triton's interpreter swaps its interpreted builtins into `triton.language` at a launch
+    (and restores them at its end), and again at every nested `@triton.jit` call, where they
+    are already in place: a nested call's swap finds nothing left to swap and sets the same
+    tensor and core patches again, and its scope is never restored. Inside a launch made
+    through this hook (`tls.langs` set), a nested call whose language modules the launch
+    already patched skips that work; a module the launch did not patch is patched as Triton
+    would."""
+    import triton.language as tl
+    from triton.runtime import interpreter
+    modules = {id(tl), id(tl.core)}
+
+    def patch_lang(fn):
+        state = getattr(tls, "langs", None)
+        if state is None:                       # not a launch of this session: Triton's way
+            return orig(fn)
+        langs = frozenset(id(v) for v in fn.__globals__.values() if id(v) in modules)
+        if state is not _STARTING and langs <= state:
+            return interpreter._LangPatchScope()
+        scope = orig(fn)
+        tls.langs = langs if state is _STARTING else state | langs
+        return scope
+    return patch_lang
+
+
+def _dtypes_memoized(orig):
+    """The interpreter maps a Triton type to its numpy dtype by building a table per call, for
+    every value an interpreted op makes: the answer depends on the element type alone."""
+    from triton.language import core
+    memo: dict = {}
+
+    def np_dtype(tt):
+        key = tt.element_ty if isinstance(tt, core.block_type) else tt
+        if isinstance(key, core.pointer_type):      # unhashable; every pointer is an address
+            key = core.pointer_type
+        got = memo.get(key)
+        if got is None:
+            got = memo[key] = orig(tt)
+        return got
+    return np_dtype
 
 
 class TritonHook:
@@ -593,6 +640,13 @@ class TritonHook:
                     self._patch(interpreter, "_patch_builtin", _builtins_scanned_once)
             if OVERFLOW_CHECKS_AS_COMPILED:
                 self._overflow_checks_as_compiled()
+            from triton.runtime import interpreter
+            if LANGUAGE_ONCE_PER_LAUNCH and callable(interpreter.__dict__.get("_patch_lang")) \
+                    and isinstance(interpreter.__dict__.get("_LangPatchScope"), type):
+                self._patch(interpreter, "_patch_lang",
+                            lambda orig: _language_once_per_launch(orig, self._tls))
+            if DTYPES_MEMOIZED and callable(interpreter.__dict__.get("_get_np_dtype")):
+                self._patch(interpreter, "_get_np_dtype", _dtypes_memoized)
 
     def _overflow_checks_as_compiled(self) -> None:
         """Triton's integer-overflow check computes each `+`, `-`, `*` again in int64, then
@@ -706,6 +760,7 @@ class TritonHook:
         def device_call(jit, *a, **k):
             return hook._interpreted_fn(jit.fn)(*a, **k)
         self._tls.inside = True
+        self._tls.langs = _STARTING
         JIT.__call__ = device_call
         try:
             with _disable_current_modes():
@@ -713,6 +768,7 @@ class TritonHook:
         finally:
             JIT.__call__ = prev_call
             self._tls.inside = False
+            self._tls.langs = None
 
     def _interpreted_fn(self, fn):
         f = self._interpreted.get(fn)

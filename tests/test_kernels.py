@@ -421,6 +421,68 @@ def test_the_interpreter_scans_triton_language_once_per_session(monkeypatch):
     assert all(tl.core.is_builtin(getattr(tl, n)) for n in ("load", "store", "arange"))
 
 
+_CORE_ONLY_HELPER = """
+import triton
+from triton.language import core
+
+
+@triton.jit
+def doubled(x):
+    return core.maximum(x * 2, x * 2)
+"""
+
+_THROUGH_CORE_HELPER = """
+import triton
+import triton.language as tl
+from core_only_helper import doubled
+
+
+@triton.jit
+def through_core_helper(x_ptr, out_ptr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, doubled(tl.load(x_ptr + offs)))
+"""
+
+
+def test_nested_calls_reuse_the_launchs_patched_language(monkeypatch, tmp_path):
+    """Triton's interpreter patches `triton.language` at a launch and again at every nested
+    `@triton.jit` call; under the session a nested call whose modules the launch patched does
+    not, one that sees a module the launch did not patch (`triton.language.core` by that name)
+    still is, values' numpy dtypes are looked up once per type, results stay right, and after
+    the session the interpreter's functions are Triton's own."""
+    import importlib
+    import sys
+
+    from triton.runtime import interpreter
+    tmp_path.joinpath("core_only_helper.py").write_text(_CORE_ONLY_HELPER)
+    tmp_path.joinpath("through_core_helper.py").write_text(_THROUGH_CORE_HELPER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    through_core_helper = importlib.import_module("through_core_helper").through_core_helper
+    own_patch, own_dtype = interpreter._patch_lang, interpreter._get_np_dtype
+    patched = []
+    monkeypatch.setattr(interpreter, "_patch_lang", lambda fn: patched.append(fn.__name__)
+                        or own_patch(fn))
+    x = torch.arange(64, dtype=torch.float32)
+    idx = torch.arange(63, -1, -1, dtype=torch.int64)
+    try:
+        with racecheck.session(device="sim"):
+            for _ in range(2):
+                out = torch.zeros(64)
+                gather_scale[(4,)](x, out, idx, 64, BLOCK=16)      # a nested helper per program
+                assert torch.equal(out, x.flip(0) * 2)
+            assert patched == ["gather_scale", "gather_scale"]    # the launches only
+            patched.clear()
+            out = torch.zeros(64)
+            through_core_helper[(4,)](x, out, BLOCK=16)
+            assert torch.equal(out, x * 2)
+            assert patched == ["through_core_helper", "doubled"]  # core patched once, then kept
+        assert interpreter._get_np_dtype is own_dtype
+    finally:
+        sys.modules.pop("core_only_helper", None)
+        sys.modules.pop("through_core_helper", None)
+    assert all(tl.core.is_builtin(getattr(tl, n)) for n in ("load", "store", "arange"))
+
+
 def test_the_interpreter_skips_overflow_checks_nothing_reads(monkeypatch):
     """Without `debug` a compiled launch drops its integer-overflow checks (`device_assert`
     ignores them); under the session the interpreter does not compute them either, and gives
