@@ -87,28 +87,79 @@ def analyze(kernel, consts: dict | None = None) -> KernelAccess:
     if fn is None:
         return KernelAccess(getattr(kernel, "__name__", repr(kernel)), (),
                             reason="no Python source behind the kernel object")
-    key = (fn, _const_key(consts))
+    return _analysis_of(fn, consts or {}, set())
+
+
+class _Variants:
+    """One kernel function's analyses. An analysis depends on the constexpr values it looked up
+    (its `if` tests, and the arguments it passes to nested `@triton.jit` calls), not on every
+    constexpr the launch gives: analyses are kept by the names they asked about, and a launch
+    that agrees on those names' values reuses one (a batch size passed as a constexpr does not
+    make a kernel new)."""
+
+    __slots__ = ("const_params", "defaults", "by_names")
+
+    def __init__(self, const_params, defaults):
+        self.const_params = frozenset(const_params)
+        self.defaults = dict(defaults)
+        self.by_names: dict = {}        # names asked, sorted -> {their values: KernelAccess}
+
+    def value(self, name, given):
+        if name not in self.const_params:
+            return _UNKNOWN
+        if name in given:
+            return _unwrap_constexpr(given[name])
+        return self.defaults.get(name, _UNKNOWN)
+
+    def find(self, given):
+        for names, table in self.by_names.items():
+            hit = table.get(_hashable(tuple(self.value(n, given) for n in names)))
+            if hit is not None:
+                return hit
+        return None
+
+    def keep(self, asked, values, acc) -> None:
+        self.by_names.setdefault(asked, {})[_hashable(values)] = acc
+
+
+def _hashable(values: tuple) -> tuple:
+    try:
+        hash(values)
+        return values
+    except TypeError:
+        return tuple(repr(v) for v in values)
+
+
+def _analysis_of(fn, consts: dict, stack: set) -> KernelAccess:
     with _cache_lock:
-        hit = _cache.get(key)
+        variants = _cache.get(fn)
+        hit = variants.find(consts) if variants is not None else None
     if hit is not None:
         return hit
-    acc = _Analysis(fn, set(), consts).run()
+    analysis = _Analysis(fn, stack, consts)
+    acc = analysis.run()
+    asked = tuple(sorted(analysis.consts.asked))
+    values = tuple(dict.get(analysis.consts, n, _UNKNOWN) for n in asked)
     with _cache_lock:
-        _cache[key] = acc
+        variants = _cache.get(fn)
+        if variants is None:
+            variants = _cache[fn] = _Variants(analysis.const_params, analysis.defaults)
+        variants.keep(asked, values, acc)
     return acc
 
 
-def _const_key(consts) -> tuple:
-    if not consts:
-        return ()
-    out = []
-    for k, v in sorted(consts.items()):
-        try:
-            hash(v)
-            out.append((k, v))
-        except TypeError:
-            out.append((k, repr(v)))
-    return tuple(out)
+class _Asked(dict):
+    """Constexpr values that note which names an analysis looked up."""
+
+    __slots__ = ("asked",)
+
+    def __init__(self):
+        super().__init__()
+        self.asked: set = set()
+
+    def get(self, key, default=None):
+        self.asked.add(key)
+        return super().get(key, default)
 
 
 _UNKNOWN = object()
@@ -189,8 +240,9 @@ class _Analysis:
     def __init__(self, fn, stack: set, consts: dict | None = None):
         self.fn = fn
         self.stack = stack
-        self.consts = {}
+        self.consts = _Asked()
         self.const_params = set()
+        self.defaults: dict = {}
         self.name = fn.__name__
         self.params = list(_signature(fn).parameters)
         scope = dict(fn.__globals__)
@@ -227,7 +279,7 @@ class _Analysis:
                 elif a.arg in defaults:
                     v = _const_eval(defaults[a.arg], {})
                     if v is not _UNKNOWN:
-                        self.consts[a.arg] = v
+                        self.consts[a.arg] = self.defaults[a.arg] = v
         self.stack.add(self.fn)
         try:
             for _ in range(self.MAX_ROUNDS):
@@ -434,13 +486,7 @@ class _Analysis:
                 v = _const_eval(k.value, self.consts)
                 if v is not _UNKNOWN:
                     consts[k.arg] = v
-        key = (fn, _const_key(consts))
-        with _cache_lock:
-            callee = _cache.get(key)
-        if callee is None:
-            callee = _Analysis(fn, self.stack, consts).run()
-            with _cache_lock:
-                _cache[key] = callee
+        callee = _analysis_of(fn, consts, self.stack)
         self.indirect = self.indirect or callee.indirect
         bound = {}
         for p, prov in zip(callee.params, pos):

@@ -335,6 +335,40 @@ def test_constexpr_branches_decide_what_is_written():
     assert analyze(maybe_write).writes == {"x_ptr", "y_ptr"}      # unknown: both branches
 
 
+@triton.jit
+def _write_if(ptr, v, FLAG: tl.constexpr):
+    if FLAG:
+        tl.store(ptr, v)
+
+
+@triton.jit
+def sized_maybe_write(x_ptr, y_ptr, BLOCK: tl.constexpr, HAS_Y: tl.constexpr, SCALE: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    v = tl.load(x_ptr + i) * SCALE
+    _write_if(y_ptr + i, v, HAS_Y)
+
+
+def test_an_analysis_is_reused_by_launches_that_agree_on_what_it_asked(monkeypatch):
+    """A constexpr read only as a value (a block size, a scale) does not make the kernel new;
+    one that decides a branch, here through a nested call's argument, does."""
+    from racecheck.instrumentation import triton_kernels
+    runs = []
+    real = triton_kernels._Analysis.run
+    monkeypatch.setattr(triton_kernels._Analysis, "run",
+                        lambda self: runs.append(self.name) or real(self))
+    monkeypatch.setattr(triton_kernels, "_cache", {})
+    for block in (16, 32, 64):
+        for scale in (1.0, 2.0):
+            assert analyze(sized_maybe_write, {"BLOCK": block, "HAS_Y": True, "SCALE": scale}
+                           ).writes == {"y_ptr"}
+    assert runs == ["sized_maybe_write", "_write_if"]
+    assert analyze(sized_maybe_write, {"BLOCK": 16, "HAS_Y": False, "SCALE": 1.0}).writes == set()
+    assert analyze(sized_maybe_write, {"BLOCK": 8}).writes == {"y_ptr"}     # HAS_Y unknown
+    assert analyze(maybe_write, {"HAS_Y": False}).writes == {"x_ptr"}
+    assert analyze(maybe_write, {"HAS_Y": True}).writes == {"y_ptr"}
+    assert runs.count("sized_maybe_write") == 3 and runs.count("maybe_write") == 2
+
+
 def test_indirect_pointers_are_flagged_for_the_source_analysis():
     assert analyze(store_through_table).indirect
 

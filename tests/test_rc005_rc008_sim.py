@@ -75,3 +75,32 @@ def test_free_site_survives_a_saved_trace(tmp_path):
         u = _freed_while_used(rc.device_module, "del")      # noqa: F841
     offline = recheck(rc, tmp_path / "t.jsonl")
     assert [f.to_json() for f in offline] == [f.to_json() for f in rc.findings]
+
+
+# -- an unnamed freed tensor: its creating statement read only when the hazard comes due --------
+
+def _scratch_freed_while_used(dm, catch_up):
+    s = dm.Stream()
+    scratch_rows = torch.ones(64)
+    dm.synchronize()
+    with dm.stream(s):
+        u = scratch_rows * 2
+    del scratch_rows
+    if catch_up:
+        dm.current_stream().wait_stream(s)
+    torch.zeros(64).add_(1)                     # the allocation stream issues work
+    return u
+
+
+def test_a_hazards_source_is_read_only_when_it_comes_due(monkeypatch):
+    from racecheck.core.checker import naming
+    read = []
+    real = naming.creation_name
+    monkeypatch.setattr(naming, "creation_name", lambda frame: read.append(frame) or real(frame))
+    with racecheck.session(device="sim") as rc:
+        _scratch_freed_while_used(rc.device_module, catch_up=True)
+    assert rc.findings == [] and read == []
+    with racecheck.session(device="sim") as rc:
+        _scratch_freed_while_used(rc.device_module, catch_up=False)
+    assert pairs(rc.findings) == [("RC005", "_scratch_freed_while_used: scratch_rows")]
+    assert len(read) == 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from racecheck.core.checker.naming import _fmt_stack
+from racecheck.core.checker.naming import _fmt_stack, sourced
 from racecheck.core.checker.state import CLOCK, HOST, SEQ, TL, _CtxFree, _new, _OpenFree
 from racecheck.core.findings import Access, Race, describe
 from racecheck.core.shadow import iv_add
@@ -83,7 +83,7 @@ class Memory:
             if hz.clock > vc.get(hz.tid, 0):
                 loc = _fmt_stack(ev.stack)[0] if ev.stack else ""
                 what = getattr(ev, "op", None) or f"replay of graph {getattr(ev, 'graph', '?')}"
-                self.finding_set.add(describe(replace(hz.race, reuse=(what, loc))))
+                self.finding_set.add(describe(replace(_due(hz), reuse=(what, loc))))
         a.frees = None
         self._frees_open = [(b, hz) for b, hz in self._frees_open if b is not a]
 
@@ -97,7 +97,7 @@ class Memory:
             h = tls.get(hz.host)
             if h is not None and hz.clock <= h.vc.get(hz.tid, 0):
                 continue
-            yield describe(replace(hz.race, trace_end=True))
+            yield describe(replace(_due(hz), trace_end=True))
 
     def _check_rc005(self, ev, seq, h, blk, a_tid, sh, rs):
         a = self._tl.get(a_tid)
@@ -138,12 +138,21 @@ class Memory:
                 found[t] = (latest, lkind, iv_add(ranges, lo, hi))
         out = []
         for t, (rec, kind, ranges) in sorted(found.items(), key=lambda x: x[1][0][SEQ]):
-            place, _nm = self._describe(blk, ranges)
+            place, _nm = self._describe(blk, ranges, source=False)
             loc, fn, frames = _fmt_stack(ev.stack)
             free = Access(op="free", stream=self.timeline_name(a_tid), kind="free", location=loc,
                           function=fn, stack=frames, seq=seq)
             race = Race("RC005", place, free, self._access(rec, kind),
                         context=self._context((t, a_tid, h_tid), rec[SEQ], seq),
                         approx=self._approx(rec, blk) or "", freer=self.timeline_name(h_tid))
-            out.append(_OpenFree(t, rec[CLOCK], h_tid, race))
+            out.append(_OpenFree(t, rec[CLOCK], h_tid, race,
+                                 None if place.named else self._site_frame(blk)))
         return out
+
+
+def _due(hz):
+    """A hazard's race as a finding: most hazards close unreported, so the creating statement's
+    source is read only here."""
+    if hz.source is None:
+        return hz.race
+    return replace(hz.race, place=sourced(hz.race.place, hz.source))

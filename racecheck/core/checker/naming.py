@@ -36,6 +36,15 @@ def _fmt_stack(stack):
         return str(fr), "", tuple(frames)
 
 
+def sourced(place: Place, frame) -> Place:
+    """`place` (an unnamed storage's) named by the statement that created it, when `frame`'s
+    source says; what `Names._describe` gives with the source read at once."""
+    made = creation_name(frame) if frame is not None and not place.named else None
+    if not made:
+        return place
+    return Place(made, place.storage, "bytes", place.byte_spans, place.byte_spans, True)
+
+
 def _span_text(a: int, b: int) -> str:
     return f"{a}" if a == b else f"{a}..{b}"
 
@@ -95,10 +104,17 @@ class Names:
                 parts.append(_span_text(lo, hi - 1))
         return ", ".join(parts)
 
-    def _describe(self, storage, ranges, ask=True):
+    def _site_frame(self, storage):
+        """The innermost frame of the first op that touched an unnamed storage, or None."""
+        site = self._sites.get(storage)
+        return site[1][0] if site is not None and site[1] else None
+
+    def _describe(self, storage, ranges, ask=True, source=True):
         """(Place of the ranges, name entry or None); `ask=False` looks for no name (neither the
         namer nor the creating statement's source: a finding its caller sets apart by rule and
-        code site, whose name nobody reads)."""
+        code site, whose name nobody reads); `source=False` leaves the creating statement's
+        source unread (the caller reads it if the place ever reaches a finding:
+        `_site_frame`, `sourced`)."""
         lo, hi = ranges[0][0], ranges[-1][1]
         nm = self._name_for(storage, lo, hi)
         byte_text = ", ".join(_span_text(a, b - 1) for a, b in ranges)
@@ -108,7 +124,8 @@ class Names:
                 return Place(held, storage, "bytes", byte_text, byte_text, True), None
         if nm is None:
             site = self._sites.get(storage)
-            made = creation_name(site[1][0]) if ask and site is not None and site[1] else None
+            made = creation_name(site[1][0]) if ask and source and site is not None and site[1] \
+                else None
             if made:
                 return Place(made, storage, "bytes", byte_text, byte_text, True), None
             if site is not None:

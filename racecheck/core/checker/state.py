@@ -114,6 +114,7 @@ class _OpenFree(NamedTuple):
     clock: int
     host: int
     race: Race
+    source: object = None       # the frame naming an unnamed block, read if it comes due
 
 
 class _StaleIndex(NamedTuple):
