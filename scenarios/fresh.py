@@ -98,6 +98,11 @@ def warm(sc) -> float:
     return _WARM[sc.name]
 
 
+def warmed() -> bool:
+    """Whether this process imported an engine's dependencies (`warm`)."""
+    return bool(_WARM)
+
+
 def _cache_path(sc) -> str | None:
     version = getattr(sc, "engine_version", None)
     try:

@@ -205,3 +205,39 @@ def test_a_spawned_engine_process_starts_as_a_forked_one_does():
     from racecheck.scenarios import fresh, get
     assert fresh.spawn(_frozen_before_the_engine, get("sglang-eagle-v2")).result() == \
         (True, True, False)
+
+
+LEAVE = textwrap.dedent('''
+    import atexit, sys
+    from racecheck.cli.cliparse import exit_now_after_engine
+    from racecheck.scenarios import fresh
+
+    class Toy:
+        name = "toy-engine"
+        engine_packages = ("xml",)
+
+        @staticmethod
+        def import_engine():
+            import wave
+
+        @staticmethod
+        def engine_version():
+            return "1.0"
+
+    atexit.register(lambda: print("torn down"))
+    if sys.argv[1] == "warm":
+        fresh.warm(Toy)
+    print("reported", end="")                  # unflushed until the exit flushes it
+    exit_now_after_engine(5)
+    sys.exit(6)
+''')
+
+
+@pytest.mark.parametrize("warm", [True, False])
+def test_a_warmed_process_leaves_without_teardown(tmp_path, warm):
+    """A process that warmed an engine's dependencies leaves at once, output flushed, its
+    status kept; any other process goes on to its own exit."""
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path))
+    p = subprocess.run([sys.executable, "-c", LEAVE, "warm" if warm else "cold"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert (p.returncode, p.stdout) == ((5, "reported") if warm else (6, "reportedtorn down\n"))
