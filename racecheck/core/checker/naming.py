@@ -124,16 +124,13 @@ class Names:
                 return Place(held, storage, "bytes", byte_text, byte_text, True), None
         if nm is None:
             site = self._sites.get(storage)
-            made = creation_name(site[1][0]) if ask and source and site is not None and site[1] \
-                else None
-            if made:
-                return Place(made, storage, "bytes", byte_text, byte_text, True), None
             if site is not None:
                 op, top = site
                 loc = _fmt_stack(top)[0] if top else ""
                 tensor = f"unnamed tensor (first used by {op}{' at ' + loc if loc else ''}; bytes {lo}..{hi - 1})"
             else:
                 tensor = f"unnamed tensor (bytes {lo}..{hi - 1})"
-            return Place(tensor, storage, "bytes", byte_text, byte_text, False), None
+            place = Place(tensor, storage, "bytes", byte_text, byte_text, False)
+            return (sourced(place, self._site_frame(storage)) if ask and source else place), None
         unit = "rows" if nm.row_bytes else "elements"
         return Place(nm.name, storage, unit, self._units(ranges, nm, storage), byte_text, True), nm
