@@ -129,6 +129,9 @@ def worker(config: str, workload: str, iters: int) -> dict:
         at = getattr(checker, "handed_over_at", None)
         if at is not None:       # the C engine gave the run to the Python checker (slower)
             handover = f"event {at}: {checker.handed_over_on}"
+        if getattr(checker, "resumed", 0):      # races the Python checker judged alone
+            handover = f"{handover or 'none'}; {checker.resumed} races judged, the first " \
+                       f"{checker.resumed_on}"
     return {"config": config, "workload": workload, "ms_per_iter": dt * 1e3, "findings": findings,
             "handover": handover}
 

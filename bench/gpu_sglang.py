@@ -175,6 +175,7 @@ def one_run(spec: dict) -> dict:
                                   for f in new[:4]]
                 out["internal_errors"] = [e.splitlines()[0] for e in res.internal_errors]
                 out["events"] = res.stats.get("events")
+                out["engine"] = res.engine
             else:
                 ctx = RunContext(None, device if device != "sim" else "cpu", None,
                                  pin=device != "sim")
@@ -368,6 +369,7 @@ def summarize(c: dict, rows: list) -> dict:
         s["findings"] = rc[0]["findings"]
         s["known"] = rc[0]["known"]
         s["events"] = rc[0].get("events")
+        s["engine"] = rc[0].get("engine")
         s["c_hot_path"], s["c_engine"] = rc[0]["c_hot_path"], rc[0]["c_engine"]
         s["internal_errors"] = rc[0]["internal_errors"]
     prof = [r for r in rows if r.get("profiled") and "profile" in r]
@@ -399,6 +401,7 @@ def table(data: dict) -> str:
                          f"{r['outputs_differ']}/{r['n']} |")
         lines.append(f"|  {s['name']} | findings {s.get('findings')} known {s.get('known')} "
                      f"events {s.get('events')} C {s.get('c_hot_path')}/{s.get('c_engine')} "
+                     f"engine {s.get('engine')} "
                      f"errors {s['errors'][:2]} | | | | | | |")
         if "profile" in s:
             lines.append(f"|  {s['name']} | profile (loop {s.get('profile_loop_s')}) "

@@ -127,7 +127,8 @@ def state(c: Checker) -> dict:
 
 def assert_same(events, compare_state=True) -> bool:
     """Findings of both checkers equal; the exported state equals the reference's where the engine
-    stopped. True when the engine handled the whole trace."""
+    stopped for good. True when the engine handled the whole trace alone (no race judged by the
+    Python checker either)."""
     events = list(events)
     ref = reference().process_all(events)
     f = fast().process_all(events)
@@ -141,7 +142,7 @@ def assert_same(events, compare_state=True) -> bool:
         per_op = reference()
         per_op.merge_replays = False        # a merged replay leaves the same state (test_replay_merge)
         assert state(g.python_checker()) == state(per_op.process_all(head))
-    return not f.handed_over
+    return not f.handed_over and not f.resumed
 
 
 # -- public cases ------------------------------------------------------------------------------------
@@ -228,12 +229,80 @@ def test_unknown_event_type_is_handed_over():
 
 def test_iterator_resumes_after_the_handover():
     """The event the engine stops at and the rest of a one-shot iterator reach the Python checker."""
+    class Custom(Kernel):
+        __slots__ = ()
+    x = Footprint(1, ((0, 8),))
+    events = [NameTimeline(0, 1, "a"), NameTimeline(0, 2, "b"), Kernel(0, 1, (), (x,), "w", ST),
+              Custom(0, 2, (x,), (), "r", ST), Kernel(0, 2, (x,), (), "r2", ST)]
+    f = fast().process_all(iter(events))
+    assert f.handed_over_at == 3 and f.handed_over_on == "Custom r" and f.events_processed == 5
+    assert [x.rule for x in f.findings] == ["RC001"]
+
+
+# -- races: judged by the Python checker, applied by the engine ----------------------------------------
+
+def test_race_is_judged_by_python_and_the_engine_goes_on():
     x = Footprint(1, ((0, 8),))
     events = [NameTimeline(0, 1, "a"), NameTimeline(0, 2, "b"), Kernel(0, 1, (), (x,), "w", ST),
               Kernel(0, 2, (x,), (), "r", ST), Kernel(0, 2, (x,), (), "r2", ST)]
     f = fast().process_all(iter(events))
-    assert f.handed_over_at == 3 and f.handed_over_on == "Kernel r" and f.events_processed == 5
+    assert not f.handed_over and f.resumed == 1 and f.resumed_on == "Kernel r"
+    assert f.events_processed == 5 and f._engine.events_processed == 5
     assert [x.rule for x in f.findings] == ["RC001"]
+    assert not assert_same(events)
+
+
+def _racing_steps(n, every=1):
+    """n steps, each writing 8 bytes of x on `a` and reading them on `b` unordered: a new race
+    (the next 8 bytes) every `every` steps, the same race again in between."""
+    out = [NameTimeline(0, 1, "a"), NameTimeline(0, 2, "b"), Alloc(0, 1, 1, 8 * n),
+           NameTensor(0, 1, 0, 8 * n, "x", 8, 4)]
+    for i in range(n):
+        lo = 8 * (i // every)
+        x = Footprint(1, ((lo, lo + 8),))
+        out += [Kernel(0, 1, (), (x,), f"w{i % 3}", ST), Kernel(0, 2, (x,), (), "r", ST),
+                EventRecord(0, 9, 2, ST), StreamWaitEvent(0, 1, 9, ST)]
+    return out
+
+
+def test_a_race_noted_before_stays_in_c():
+    """The Python checker judges each new race once; one it has noted before (the same key in
+    the storage's StorageShadow.seen, which the engine keeps across resumes) the engine passes."""
+    events = _racing_steps(12, every=3)
+    f = fast().process_all(events)
+    assert not f.handed_over and f.resumed == 4
+    assert not assert_same(events)
+    for n in range(1, len(events) + 1):
+        assert_same(events[:n])
+
+
+def test_a_race_noted_before_under_another_name_count_is_judged_again():
+    events = _racing_steps(2, every=2)
+    events[-4:-4] = [NameTensor(0, 1, 4, 8, "x_tail", 4, 4)]
+    f = fast().process_all(events)
+    assert f.resumed == 2
+    assert_same(events)
+
+
+def test_a_trace_that_races_often_is_handed_over(monkeypatch):
+    from racecheck.core import fastchecker
+    monkeypatch.setattr(fastchecker, "RESUMES", 5)
+    events = _racing_steps(9)
+    f = fast().process_all(events)
+    assert f.handed_over and f.resumed == 5 and f.handed_over_on == "Kernel r"
+    assert_same(events)
+
+
+def test_apply_takes_only_the_race_the_engine_stopped_at():
+    x = Footprint(1, ((0, 8),))
+    events = [Kernel(0, 1, (), (x,), "w", ST), Kernel(0, 2, (x,), (), "r", ST)]
+    f = fast()
+    with pytest.raises(RuntimeError, match="last stopped at on a race"):
+        f._engine.apply(events[0])
+    stop = f._engine.process_all(iter(events))
+    assert stop is events[1] and f._engine.raced is stop
+    with pytest.raises(RuntimeError, match="last stopped at on a race"):
+        f._engine.apply(events[0])
 
 
 # -- RC005 hazards: kept in C until one comes due -----------------------------------------------------

@@ -34,7 +34,7 @@ static const char *const FIELD_NAMES[F_N] = {
 
 /* Footprint and CapturedOp fields */
 static const char *const FP_FIELDS[P_N] = {"storage", "ranges", "host", "approx", "born"};
-static const char *const COP_FIELDS[C_N] = {"reads", "writes"};
+static const char *const COP_FIELDS[C_N] = {"reads", "writes", "op", "stack"};
 
 /* Offset of a __slots__ member `name` of class `cls`, or -1 when it is not a plain slot. */
 static Py_ssize_t slot_offset(PyObject *cls, const char *name) {
@@ -56,14 +56,6 @@ static Py_ssize_t slot_offset(PyObject *cls, const char *name) {
 
 /* ---- the loop ------------------------------------------------------------------------------ */
 
-static int kind_of(Engine *e, PyObject *ev) {
-    PyTypeObject *t = Py_TYPE(ev);
-    for (int k = 0; k < E_N; k++)
-        if (e->etype[k] == t)
-            return k;
-    return -1;
-}
-
 static const Handler HANDLERS[E_N] = {
     on_kernel, on_copy, on_record, on_wait_event, on_wait_stream, on_host_sync, on_host_access,
     on_alloc, on_free, on_record_stream, on_capture, on_replay, on_name_tensor,
@@ -77,7 +69,9 @@ static int process_one(Engine *e, PyObject *ev) {
         return 0;
     if (e->running)
         return 2;
-    int k = kind_of(e, ev);
+    if (e->raced != NULL)
+        Py_CLEAR(e->raced);
+    int k = event_kind(e, ev);
     if (k < 0)
         return 0;
     PyObject *op = NULL, *stack = NULL;
@@ -130,7 +124,7 @@ static PyObject *eng_process_all(Engine *e, PyObject *const *args, Py_ssize_t na
         return NULL;
     }
     if (e->done) {
-        PyErr_SetString(PyExc_RuntimeError, "the engine has handed its state over");
+        PyErr_SetString(PyExc_RuntimeError, "the engine failed an export");
         return NULL;
     }
     PyObject *prev = e->namer;
@@ -140,19 +134,53 @@ static PyObject *eng_process_all(Engine *e, PyObject *const *args, Py_ssize_t na
     return r;
 }
 
+/* apply(event, namer=None): the event the engine last stopped at on a race, which the Python
+   checker has judged: its update, as if it were clean (the Python handlers' updates do not
+   depend on what they note). */
+static PyObject *eng_apply(Engine *e, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "apply(event, namer=None)");
+        return NULL;
+    }
+    if (e->done || e->raced == NULL || e->raced != args[0]) {
+        PyErr_SetString(PyExc_RuntimeError, "apply() takes the event the engine last stopped at "
+                                             "on a race");
+        return NULL;
+    }
+    PyObject *prev = e->namer;
+    e->namer = nargs > 1 && args[1] != Py_None ? args[1] : NULL;
+    e->forced = 1;
+    int r = process_one(e, args[0]);
+    e->forced = 0;
+    e->namer = prev;
+    if (r < 0)
+        return NULL;
+    if (r != 1) {
+        PyErr_SetString(PyExc_RuntimeError, "the engine stopped again at the event it applies");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *eng_hazards_open(Engine *e, PyObject *unused) {
     return PyLong_FromSsize_t(PyList_GET_SIZE(e->frees_open));
 }
 
 /* ---- the type ------------------------------------------------------------------------------ */
 
-/* export(checker): fill a new Python Checker with this state; the engine is done after it */
+/* export(checker): give a Python Checker this state (again after the engine went on) */
 static PyObject *eng_export(Engine *e, PyObject *c) {
     if (e->done) {
-        PyErr_SetString(PyExc_RuntimeError, "the engine has handed its state over");
+        PyErr_SetString(PyExc_RuntimeError, "the engine failed an export");
         return NULL;
     }
     if (export_checker(e, c) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *eng_keep_seen(Engine *e, PyObject *c) {
+    if (keep_seen(e, c) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -172,6 +200,11 @@ static PyObject *eng_stats(Engine *e, PyObject *unused) {
 
 static PyObject *eng_get_seq(Engine *e, void *closure) { return PyLong_FromLongLong(e->seq); }
 static PyObject *eng_get_done(Engine *e, void *closure) { return PyBool_FromLong(e->done); }
+static PyObject *eng_get_raced(Engine *e, void *closure) {
+    PyObject *v = e->raced ? e->raced : Py_None;
+    Py_INCREF(v);
+    return v;
+}
 
 static void eng_dealloc(Engine *e) {
     timelines_free(e);
@@ -183,6 +216,7 @@ static void eng_dealloc(Engine *e) {
     Py_XDECREF(e->tolerant);
     Py_XDECREF(e->kit);
     Py_XDECREF(e->frees_open);
+    Py_XDECREF(e->raced);
     PyMem_Free(e->fps);
     PyMem_Free(e->ivs);
     Py_TYPE(e)->tp_free((PyObject *)e);
@@ -249,17 +283,22 @@ static PyObject *eng_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
 static PyMethodDef eng_methods[] = {
     {"process_all", (PyCFunction)(void (*)(void))eng_process_all, METH_FASTCALL,
      "process_all(iterator, namer=None) -> None, or the first event left to the Python checker"},
+    {"apply", (PyCFunction)(void (*)(void))eng_apply, METH_FASTCALL,
+     "apply(event, namer=None): update the state for the race the engine stopped at"},
     {"hazards_open", (PyCFunction)eng_hazards_open, METH_NOARGS,
      "RC005 hazards open now (Checker._frees_open)"},
     {"export", (PyCFunction)eng_export, METH_O,
-     "export(checker): give a new Checker this state (the engine is done after it)"},
+     "export(checker): give a Checker this state"},
+    {"keep_seen", (PyCFunction)eng_keep_seen, METH_O,
+     "keep_seen(checker): keep the races noted per storage on a checker this engine exported to"},
     {"timeline_name", (PyCFunction)eng_timeline_name, METH_O, "Checker.timeline_name"},
     {"stats", (PyCFunction)eng_stats, METH_NOARGS, "Checker.stats"},
     {NULL}};
 
 static PyGetSetDef eng_getset[] = {
     {"events_processed", (getter)eng_get_seq, NULL, "events handled so far", NULL},
-    {"done", (getter)eng_get_done, NULL, "the state was exported", NULL},
+    {"done", (getter)eng_get_done, NULL, "an export failed: the engine cannot go on", NULL},
+    {"raced", (getter)eng_get_raced, NULL, "the event the engine last stopped at on a race, or None", NULL},
     {NULL}};
 
 static PyTypeObject EngineType = {

@@ -225,6 +225,8 @@ typedef struct {
     int n, cap;             /* segments */
     int64_t *bounds;        /* n + 1 entries when n > 0 */
     Seg *segs;
+    PyObject *seen;         /* owned: StorageShadow.seen, the races the Python checker noted
+                               here (kept across its resumes; NULL for None) */
 } Shadow;
 
 static inline int nbounds(const Shadow *sh) { return sh->n ? sh->n + 1 : 0; }
@@ -341,7 +343,7 @@ enum {
 
 /* Footprint and CapturedOp fields */
 enum { P_STORAGE, P_RANGES, P_HOST, P_APPROX, P_BORN, P_N };
-enum { C_READS, C_WRITES, C_N };
+enum { C_READS, C_WRITES, C_OP, C_STACK, C_N };
 
 #define SLOT(o, off) (*(PyObject **)((char *)(o) + (off)))
 
@@ -359,8 +361,11 @@ typedef struct {
     PyObject_HEAD
     int window;
     int64_t seq;
-    int done;                   /* exported: the Python checker owns the state now */
+    int done;                   /* a failed export: the state may be half given away */
     int running;                /* inside a handler */
+    int forced;                 /* apply(): update the state without the race checks */
+    PyObject *raced;            /* the event the engine last stopped at on a race (owned), else
+                                   NULL: the one apply() takes */
     TL *tls;
     int ntl, tl_cap;
     Map tl_of;                  /* tid -> timeline index + 1 */
@@ -400,6 +405,15 @@ extern PyObject *str_stream, *str_event, *str_device, *s_append, *s_format, *s_i
 static inline PyObject *field(Engine *e, int k, PyObject *ev, int f) {
     Py_ssize_t off = e->off[k][f];
     return off >= 0 ? SLOT(ev, off) : NULL;
+}
+
+/* The kind of event ev (E_KERNEL ...), or -1 for a type the engine does not read. */
+static inline int event_kind(Engine *e, PyObject *ev) {
+    PyTypeObject *t = Py_TYPE(ev);
+    for (int k = 0; k < E_N; k++)
+        if (e->etype[k] == t)
+            return k;
+    return -1;
 }
 
 static inline PyObject *fp_field(Engine *e, PyObject *fp, int f) {
@@ -459,7 +473,15 @@ void shadow_free(Shadow *sh);
 void shadows_free(Engine *e);
 int scratch_iv(Engine *e, int64_t lo, int64_t hi);
 int parse_fps(Engine *e, PyObject *seq, int *first, int *count);
-int access_clean(Engine *e, const FPv *f, const VC *vc, int cur_host, int write);
+/* The current access, for a conflict the Python checker noted before (see noted_before in
+   _engine_access.c): its event, timeline, and the event's footprints in the scratch list. */
+typedef struct {
+    PyObject *ev;
+    int tl;
+    int rf, rn, wf, wn;
+} Cur;
+
+int access_clean(Engine *e, const FPv *f, const VC *vc, int cur_host, int write, const Cur *cur);
 int apply_read(Engine *e, const FPv *f, PyObject *storage, Rec *rec);
 int apply_write(Engine *e, const FPv *f, PyObject *storage, Rec *rec, int64_t graph);
 int on_kernel(Engine *e, PyObject *ev, int64_t seq);
@@ -467,11 +489,11 @@ int on_host_access(Engine *e, PyObject *ev, int64_t seq);
 int on_copy(Engine *e, PyObject *ev, int64_t seq);
 
 static inline int read_clean(Engine *e, const FPv *f, const VC *vc, int cur_host) {
-    return access_clean(e, f, vc, cur_host, 0);
+    return access_clean(e, f, vc, cur_host, 0, NULL);
 }
 
 static inline int write_clean(Engine *e, const FPv *f, const VC *vc, int cur_host) {
-    return access_clean(e, f, vc, cur_host, 1);
+    return access_clean(e, f, vc, cur_host, 1, NULL);
 }
 
 /* ---- _engine_sync.c ------------------------------------------------------------------------- */
@@ -518,13 +540,18 @@ typedef struct {
     PyObject *keep;         /* owns every record tuple and graph input made */
     PyObject **tl_objs;     /* _Timeline per index (borrowed from the checker's _tl) */
     PyObject *ctx_cls, *free_cls;
+    PyObject ***cached;     /* the state's export caches (Rec.out, GInput.out, Readers.out) this
+                               export filled in: ex_end forgets them, as the next export must */
+    int ncached, cached_cap;
 } Ex;
 
 PyObject *kit(Engine *e, const char *name);
 int ex_begin(Ex *x, Engine *e);
+int ex_cache(Ex *x, PyObject **slot, PyObject *v);
 void ex_end(Ex *x);
 PyObject *rec_out(Ex *x, Rec *r);
 int export_timelines_of(Ex *x, PyObject *c, const char *keep, int64_t from_seq);
 int export_checker(Engine *e, PyObject *c);
+int keep_seen(Engine *e, PyObject *c);
 
 #endif

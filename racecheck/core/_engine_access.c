@@ -78,6 +78,7 @@ void shadow_free(Shadow *sh) {
         seg_release(&sh->segs[k]);
     PyMem_Free(sh->segs);
     PyMem_Free(sh->bounds);
+    Py_XDECREF(sh->seen);
     Py_XDECREF(sh->storage);
     PyMem_Free(sh);
 }
@@ -330,9 +331,88 @@ static int rc007_candidate(Engine *e, const Rec *w, int64_t born) {
     return gr != NULL && gr->first_replay != NONE_I64 && gr->first_replay < born;
 }
 
+/* report.py _site(rec): the event's innermost frame (else its op, else its type's name), with
+   the captured op's for a replayed one. New reference, or NULL with an exception. */
+static PyObject *site_of(Engine *e, PyObject *ev, PyObject *sub) {
+    int k = event_kind(e, ev);
+    PyObject *stack = k >= 0 ? field(e, k, ev, F_STACK) : NULL;
+    if (stack == NULL) {
+        PyErr_SetString(PyExc_TypeError, "an event without a stack the engine reads");
+        return NULL;
+    }
+    int any = PyObject_IsTrue(stack);
+    if (any < 0)
+        return NULL;
+    PyObject *first, *op = field(e, k, ev, F_OP);
+    if (any)
+        first = PySequence_GetItem(stack, 0);
+    else if (op != NULL)
+        first = (Py_INCREF(op), op);
+    else
+#if PY_VERSION_HEX >= 0x030B0000
+        first = PyType_GetName(Py_TYPE(ev));
+#else
+        first = PyObject_GetAttrString((PyObject *)Py_TYPE(ev), "__name__");
+#endif
+    if (first == NULL || sub == NULL)
+        return first;
+    PyObject *sop = SLOT(sub, e->cop_off[C_OP]), *sstack = SLOT(sub, e->cop_off[C_STACK]);
+    int sany = sop != NULL && sstack != NULL ? PyObject_IsTrue(sstack) : -1;
+    PyObject *inner = sany > 0 ? PySequence_GetItem(sstack, 0)
+                               : sany == 0 ? (Py_INCREF(Py_None), Py_None) : NULL;
+    if (sany < 0 && !PyErr_Occurred())
+        PyErr_SetString(PyExc_TypeError, "a captured op without its op or stack");
+    PyObject *t = inner != NULL ? PyTuple_Pack(3, first, sop, inner) : NULL;
+    Py_DECREF(first);
+    Py_XDECREF(inner);
+    return t;
+}
+
+/* The Python checker noted this conflict before, so noting it again adds nothing (report.py
+   _note: the key `qk` is in the storage's `seen`): 1, else 0 (an error is cleared: the Python
+   decides). `prev` conflicts with the current access on the segment's bytes [lo, hi). Only for
+   an event that reaches the storage through one range in all: then the Python handler visits
+   exactly the segments seen here, cut only at that range's ends, so its `qk` is this one. */
+static int noted_before(Engine *e, const Cur *cur, Shadow *sh, const Rec *prev, int prev_writes,
+                        int cur_host, int write, int64_t lo, int64_t hi) {
+    if (cur == NULL || sh->seen == NULL)
+        return 0;
+    int ranges = 0;
+    for (int k = cur->rf; k < cur->rf + cur->rn; k++)
+        ranges += e->fps[k].st == sh->st ? e->fps[k].nr : 0;
+    for (int k = cur->wf; k < cur->wf + cur->wn; k++)
+        ranges += e->fps[k].st == sh->st ? e->fps[k].nr : 0;
+    if (ranges != 1)
+        return 0;
+    const char *rule = prev->host || cur_host ? "RC004" : !write ? "RC001" : prev_writes ? "RC003"
+                                                                                          : "RC002";
+    Py_ssize_t names = 0;
+    PyObject *named = PyDict_GetItemWithError(e->names, sh->storage);
+    if (named != NULL)
+        names = PyObject_Length(named);
+    const TL *t = &e->tls[cur->tl];
+    PyObject *key = NULL, *site = NULL, *psite = NULL;
+    int found = 0;
+    if (!PyErr_Occurred() && names >= 0 && (site = site_of(e, cur->ev, NULL)) != NULL &&
+        (psite = site_of(e, prev->ev, prev->sub)) != NULL)
+        key = Py_BuildValue("(sLLOOni)", rule, (long long)lo, (long long)hi, site, psite, names,
+                            t->noop_made ? t->noop_n : 0);
+    if (key != NULL)
+        found = PySet_Contains(sh->seen, key);
+    Py_XDECREF(key);
+    Py_XDECREF(site);
+    Py_XDECREF(psite);
+    if (found < 0 || PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    return found;
+}
+
 /* Checker._read / _read_span (write 0) or _write / _write_span (write 1) would note nothing on
-   footprint f: 1, else 0. Every segment under each range counts (splitting one copies its state). */
-int access_clean(Engine *e, const FPv *f, const VC *vc, int cur_host, int write) {
+   footprint f (or, with `cur`, nothing it has not noted before): 1, else 0. Every segment under
+   each range counts (splitting one copies its state). */
+int access_clean(Engine *e, const FPv *f, const VC *vc, int cur_host, int write, const Cur *cur) {
     Shadow *sh = shadow_get(e, f->st);
     if (sh == NULL || sh->n == 0)
         return 1;
@@ -349,11 +429,18 @@ int access_clean(Engine *e, const FPv *f, const VC *vc, int cur_host, int write)
             Seg *s = &sh->segs[k];
             if (s->gap)
                 continue;
-            if (s->w != NULL && (conflicts(s->w, vc, cur_host) ||
-                                 (!write && rc007_candidate(e, s->w, f->born))))
-                return 0;
+            int64_t slo = sh->bounds[k] > lo ? sh->bounds[k] : lo,
+                    shi = sh->bounds[k + 1] < hi ? sh->bounds[k + 1] : hi;
+            if (s->w != NULL) {
+                if (!write && rc007_candidate(e, s->w, f->born))
+                    return 0;
+                if (conflicts(s->w, vc, cur_host) &&
+                    !noted_before(e, cur, sh, s->w, 1, cur_host, write, slo, shi))
+                    return 0;
+            }
             for (int m = 0; write && m < s->nr; m++)
-                if (conflicts(s->r[m].rec, vc, cur_host))
+                if (conflicts(s->r[m].rec, vc, cur_host) &&
+                    !noted_before(e, cur, sh, s->r[m].rec, 0, cur_host, write, slo, shi))
                     return 0;
         }
     }
@@ -460,15 +547,28 @@ static int apply_writes(Engine *e, int first, int count, Rec *rec, int64_t graph
     return 0;
 }
 
-static int all_clean(Engine *e, int rfirst, int rcount, int wfirst, int wcount, const VC *vc,
-                     int cur_host) {
+/* Every footprint of the current access (ev on timeline tl) checks clean: nothing noted, or
+   nothing the Python checker has not noted before (always, for an event apply() forces). */
+static int all_clean(Engine *e, PyObject *ev, int tl, int rfirst, int rcount, int wfirst,
+                     int wcount, const VC *vc, int cur_host) {
+    if (e->forced)
+        return 1;
+    Cur cur = {ev, tl, rfirst, rcount, wfirst, wcount};
     for (int k = rfirst; k < rfirst + rcount; k++)
-        if (!read_clean(e, &e->fps[k], vc, cur_host))
+        if (!access_clean(e, &e->fps[k], vc, cur_host, 0, &cur))
             return 0;
     for (int k = wfirst; k < wfirst + wcount; k++)
-        if (!write_clean(e, &e->fps[k], vc, cur_host))
+        if (!access_clean(e, &e->fps[k], vc, cur_host, 1, &cur))
             return 0;
     return 1;
+}
+
+/* An access whose checks would note something: the handover, remembering the event (the Python
+   checker may judge it alone, and the engine then apply it: FastChecker's resume). */
+static int raced(Engine *e, PyObject *ev) {
+    Py_INCREF(ev);
+    Py_XSETREF(e->raced, ev);
+    return HANDOVER;
 }
 
 /* Checker._on_kernel */
@@ -482,8 +582,8 @@ int on_kernel(Engine *e, PyObject *ev, int64_t seq) {
     TRY(parse_fps(e, reads, &rf, &rn));
     TRY(parse_fps(e, writes, &wf, &wn));
     TL *t = &e->tls[s];
-    if (!all_clean(e, rf, rn, wf, wn, &t->vc, 0))
-        return HANDOVER;
+    if (!all_clean(e, ev, s, rf, rn, wf, wn, &t->vc, 0))
+        return raced(e, ev);
     int64_t c = vc_get(&t->vc, s) + 1;
     if (vc_set(&t->vc, s, c) < 0)
         return -1;
@@ -508,8 +608,8 @@ int on_host_access(Engine *e, PyObject *ev, int64_t seq) {
     TRY(parse_fps(e, field(e, E_HOST_ACCESS, ev, F_READS), &rf, &rn));
     TRY(parse_fps(e, field(e, E_HOST_ACCESS, ev, F_WRITES), &wf, &wn));
     TL *t = &e->tls[h];
-    if (!all_clean(e, rf, rn, wf, wn, &t->vc, 1))
-        return HANDOVER;
+    if (!all_clean(e, ev, h, rf, rn, wf, wn, &t->vc, 1))
+        return raced(e, ev);
     int64_t c = vc_get(&t->vc, h) + 1;
     if (vc_set(&t->vc, h, c) < 0)
         return -1;
@@ -543,8 +643,8 @@ int on_copy(Engine *e, PyObject *ev, int64_t seq) {
     if (non_blocking < 0)
         return -1;
     TL *t = &e->tls[s];
-    if (!all_clean(e, rf, 1, wf, 1, &t->vc, 0))
-        return HANDOVER;
+    if (!all_clean(e, ev, s, rf, 1, wf, 1, &t->vc, 0))
+        return raced(e, ev);
     int sh = e->fps[rf].host, dh = e->fps[wf].host;
     const char *dir = sh ? (dh ? "H2H" : "H2D") : (dh ? "D2H" : "D2D");
     int64_t c = vc_get(&t->vc, s) + 1;

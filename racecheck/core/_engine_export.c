@@ -20,7 +20,7 @@ PyObject *kit(Engine *e, const char *name) {
 
 /* An export of e's state: 0, or -1 with an exception (ex_end frees what was made either way) */
 int ex_begin(Ex *x, Engine *e) {
-    *x = (Ex){e, NULL, NULL, NULL, NULL};
+    *x = (Ex){e, NULL, NULL, NULL, NULL, NULL, 0, 0};
     if ((x->keep = PyList_New(0)) == NULL || (x->ctx_cls = kit(e, "_Ctx")) == NULL ||
         (x->free_cls = kit(e, "_CtxFree")) == NULL)
         return -1;
@@ -31,7 +31,21 @@ int ex_begin(Ex *x, Engine *e) {
     return 0;
 }
 
+/* *slot = v, a cache of this export (borrowed: x->keep owns v) */
+int ex_cache(Ex *x, PyObject **slot, PyObject *v) {
+    if (RESERVE(x->cached, x->cached_cap, x->ncached + 1, 16) < 0)
+        return -1;
+    x->cached[x->ncached++] = slot;
+    *slot = v;
+    return 0;
+}
+
 void ex_end(Ex *x) {
+    for (Py_ssize_t k = 0; k < x->ncached; k++)
+        *x->cached[k] = NULL;
+    PyMem_Free(x->cached);
+    x->cached = NULL;
+    x->ncached = x->cached_cap = 0;
     PyMem_Free(x->tl_objs);
     x->tl_objs = NULL;
     Py_CLEAR(x->keep);
@@ -71,9 +85,8 @@ PyObject *rec_out(Ex *x, Rec *r) {
     PyTuple_SET_ITEM(t, 6, graph);
     int rc = PyList_Append(x->keep, t);
     Py_DECREF(t);
-    if (rc < 0)
+    if (rc < 0 || ex_cache(x, &r->out, t) < 0)
         return NULL;
-    r->out = t;
     return t;
 }
 
@@ -191,9 +204,8 @@ static PyObject *input_out(Ex *x, GInput *inp) {
         }
         PyList_SET_ITEM(ops, k, v);
     }
-    if (set_attr_new(o, "ops", ops) < 0)
+    if (set_attr_new(o, "ops", ops) < 0 || ex_cache(x, &inp->out, o) < 0)
         return NULL;
-    inp->out = o;
     return o;
 }
 
@@ -323,10 +335,11 @@ static int export_shadows(Ex *x, PyObject *c) {
         PyObject *sk = storage ? (Py_INCREF(storage), storage) : PyLong_FromLongLong(key);
         int rc = sk ? PyDict_SetItem(readers, sk, lst) : -1;
         Py_XDECREF(sk);
+        if (rc == 0)
+            rc = PyList_Append(x->keep, lst);
         Py_DECREF(lst);
-        if (rc < 0)
+        if (rc < 0 || ex_cache(x, &rd->out, lst) < 0)
             return -1;
-        rd->out = lst;
     }
     PyObject *shadows = PyDict_New();
     if (shadows == NULL || PyObject_SetAttrString(c, "_shadow", shadows) < 0) {
@@ -391,8 +404,42 @@ static int export_shadows(Ex *x, PyObject *c) {
         }
         if (set_attr_new(o, "states", states) < 0)
             return -1;
+        if (sh->seen != NULL && PyObject_SetAttrString(o, "seen", sh->seen) < 0)
+            return -1;
     }
     return 0;
+}
+
+/* keep_seen(checker): each shadow's `seen` of a checker the engine exported to, kept with the
+   engine's shadow of that storage (the Python checker noted races on an export; the engine goes
+   on and exports again). 0, or -1 with an exception. */
+int keep_seen(Engine *e, PyObject *c) {
+    PyObject *shadows = PyObject_GetAttrString(c, "_shadow");
+    if (shadows == NULL)
+        return -1;
+    if (!PyDict_Check(shadows)) {
+        Py_DECREF(shadows);
+        PyErr_SetString(PyExc_TypeError, "the checker's _shadow is not a dict");
+        return -1;
+    }
+    Py_ssize_t pos = 0;
+    PyObject *storage, *o;
+    int rc = 0;
+    while (rc == 0 && PyDict_Next(shadows, &pos, &storage, &o)) {
+        int64_t st;
+        Shadow *sh = as_i64(storage, &st) ? shadow_get(e, st) : NULL;
+        PyObject *seen = PyObject_GetAttrString(o, "seen");
+        if (seen == NULL)
+            rc = -1;
+        else if (sh == NULL && seen != Py_None) {
+            PyErr_SetString(PyExc_RuntimeError, "keep_seen: a storage the engine has no shadow of");
+            rc = -1;
+        } else if (sh != NULL)
+            Py_XSETREF(sh->seen, seen == Py_None ? NULL : (Py_INCREF(seen), seen));
+        Py_XDECREF(seen);
+    }
+    Py_DECREF(shadows);
+    return rc;
 }
 
 static int export_graphs(Ex *x, PyObject *c) {
@@ -513,8 +560,10 @@ done:
     return rc;
 }
 
-/* export(checker): fill a new Python Checker with this state: 0, or -1 with an exception; the
-   engine is done after it */
+/* export(checker): give a Python Checker this state: 0, or -1 with an exception (the engine is
+   done after a failure). The Checker shares no mutable object with the engine but the names and
+   stale-tolerant dicts and the record_stream sets, which only the events that change them in both
+   change: the engine may go on after an export (FastChecker's resume) and export again. */
 int export_checker(Engine *e, PyObject *c) {
     Ex x;
     int rc = ex_begin(&x, e);
@@ -543,6 +592,7 @@ int export_checker(Engine *e, PyObject *c) {
             Py_XDECREF(open);
     }
     ex_end(&x);
-    e->done = 1;        /* also after a failed export: the records' export cache is stale */
+    if (rc < 0)
+        e->done = 1;
     return rc;
 }

@@ -176,22 +176,6 @@ static PyObject *open_hazards(Engine *e, PyObject *ev, int64_t seq, int h, PyObj
         PyErr_SetString(PyExc_TypeError, "open_hazards must return a list");
     }
 done:
-    /* the records' export cache is the final export's: forget what this one filled in */
-    for (int i = 0; i < e->ntl; i++) {
-        TL *t = &e->tls[i];
-        for (int k = 0; k < t->ctx_n; k++) {
-            CtxEnt *c = &t->ctx[(t->ctx_head + k) % e->window];
-            if (c->type == CX_REC)
-                c->rec->out = NULL;
-        }
-    }
-    for (int k = 0; k < sh->n; k++) {
-        Seg *sg = &sh->segs[k];
-        if (sg->w != NULL)
-            sg->w->out = NULL;
-        for (int m = 0; m < sg->nr; m++)
-            sg->r[m].rec->out = NULL;
-    }
     ex_end(&x);
     PyMem_Free(keep);
     Py_XDECREF(items);

@@ -5,9 +5,20 @@ checker's state (clocks, context windows, shadow memory, records, allocations, g
 structures and handles every event that cannot lead to a finding. At the first event that could
 (a race, an RC005 hazard coming due, stale graph input that is not declared stale-tolerant or
 is read as indices, an RC007 candidate) or that the engine does not model, it stops before
-touching its state, exports that state into a Python `Checker`, and the Python checker handles
-that event and everything after it. Findings therefore always come from the reference code; a
-clean run never leaves C.
+touching its state and exports that state into a Python `Checker`. Findings therefore always
+come from the reference code; a clean run never leaves C.
+
+Most of a real engine's trace comes after its first finding: sglang as shipped has triaged
+start-up races, and its whole steady state would otherwise run in Python. So where the engine
+stopped on an access that races (a kernel, copy or host access whose checks would note
+something), the Python checker judges that one event, and the engine then applies the event's
+update itself (the handlers' updates do not depend on what they note) and goes on: a resume.
+The Python checker keeps its findings between resumes, and its copy of the state is dropped; the
+engine keeps each storage's notes (`StorageShadow.seen`) and passes a race noted there before. The
+engine hands over for good at anything else (a hazard come due, stale graph input, an event it
+does not model, Python state left pending after the event), and after RESUMES resumes: a trace
+that races that often is cheaper in Python than exported again and again. The count is of events,
+so the same trace hands over at the same place whatever the timing.
 
 An RC005 hazard (a free while another stream's access is unordered) is not a finding yet, and in
 real engines most of them close (the allocation stream catches up before it reuses the block).
@@ -66,21 +77,30 @@ def _passed_on(name: str) -> property:
 
     def put(self, value) -> None:
         setattr(self, private, value)
-        if self._py is not None:
-            setattr(self._py, name, value)
+        for checker in (self._py, self._judge):
+            if checker is not None:
+                setattr(checker, name, value)
     return property(get, put)
 
 
+# Races the Python checker judges alone before it takes the trace over for good
+RESUMES = 64
+
+
 class FastChecker:
-    """Checker's interface; the C engine until the first event that could make a finding."""
+    """Checker's interface; the C engine until an event that could make a finding that the
+    Python checker cannot judge alone (or RESUMES of them)."""
 
     def __init__(self, context_window: int = 64, engine=None):
         self.context_window = int(context_window)
         module = engine or native.checker_engine()
         self._engine = module.Engine(self.context_window, _kit())
         self._py: Checker | None = None
+        self._judge: Checker | None = None      # judges the races the engine resumes after
         self._namer = None
         self._settled = None
+        self.resumed = 0                # races the Python judged, the engine applying them
+        self.resumed_on = None          # the first of them ("Kernel index_put_", ...)
         self.handed_over_at = None      # events the engine handled before the Python took over
         self.handed_over_on = None      # the event it stopped at ("Kernel add_", ...)
 
@@ -96,17 +116,47 @@ class FastChecker:
         """The reference checker, with this state (hands over now if the engine still runs)."""
         return self._py if self._py is not None else self._handover()
 
-    def _handover(self) -> Checker:
-        self.handed_over_at = self._engine.events_processed
-        py = Checker.awaiting_export(self.context_window)
-        py.namer, py.settled = self._namer, self._settled
+    def _exported(self) -> Checker:
+        """A Python checker with the engine's state now (and the findings judged so far)."""
+        py = self._judge
+        if py is None:
+            py = Checker.awaiting_export(self.context_window)
+            py.namer, py.settled = self._namer, self._settled
         self._engine.export(py)
         missing = state.not_exported(py)
         if missing:
             raise RuntimeError(f"the checker's engine did not export {', '.join(missing)}")
-        self._py = py
-        self._engine = None
         return py
+
+    def _handover(self) -> Checker:
+        self.handed_over_at = self._engine.events_processed
+        self._py = self._exported()
+        self._judge = self._engine = None
+        return self._py
+
+    def _resume(self, stop) -> bool:
+        """The Python checker judges the race the engine stopped at; True when the engine has
+        applied it and goes on, False when the Python checker has the trace from `stop` on
+        (not judged yet) or, having judged it, from the event after it."""
+        if self._engine.raced is not stop or self.resumed >= RESUMES:
+            return False
+        py = self._exported()
+        self.handed_over_at = self._engine.events_processed
+        try:
+            py.process(stop)
+        except BaseException:
+            self._py, self._judge, self._engine = py, None, None
+            raise
+        if py._pend or py._stale_open:
+            self._py, self._judge, self._engine = py, None, None
+            return True
+        self._engine.apply(stop, self._namer)
+        self._engine.keep_seen(py)
+        self.resumed += 1
+        self.handed_over_at = None
+        _dormant(py)
+        self._judge = py
+        return True
 
     def process(self, event) -> None:
         self.process_all((event,))
@@ -116,12 +166,22 @@ class FastChecker:
             self._py.process_all(events)
             return self
         it = iter(events)
-        stop = self._engine.process_all(it, self._namer)
-        if stop is not None:
+        while True:
+            stop = self._engine.process_all(it, self._namer)
+            if stop is None:
+                return self
             op = getattr(stop, "op", None)
-            self.handed_over_on = type(stop).__name__ + (f" {op}" if op else "")
+            on = type(stop).__name__ + (f" {op}" if op else "")
+            if self._resume(stop):
+                if self._py is not None:
+                    self.handed_over_on = on
+                    self._py.process_all(it)
+                    return self
+                self.resumed_on = self.resumed_on or on
+                continue
+            self.handed_over_on = on
             self._handover().process_all(itertools.chain((stop,), it))
-        return self
+            return self
 
     @property
     def findings(self) -> list:
@@ -129,7 +189,8 @@ class FastChecker:
         which the reference code does (so the engine hands over if one is open)."""
         if self._py is None and self._engine.hazards_open():
             self._handover()
-        return self._py.findings if self._py is not None else []
+        checker = self._py or self._judge
+        return checker.findings if checker is not None else []
 
     @property
     def events_processed(self) -> int:
@@ -141,7 +202,20 @@ class FastChecker:
         return self._engine.timeline_name(tid)
 
     def stats(self) -> dict:
-        return self._py.stats() if self._py is not None else self._engine.stats()
+        if self._py is not None:
+            return self._py.stats()
+        out = self._engine.stats()
+        if self._judge is not None:
+            out["findings"] = len(self._judge.finding_set)
+        return out
+
+
+def _dormant(checker: Checker) -> None:
+    """Drop `checker`'s copy of the engine's state (the engine goes on with its own), keeping
+    its findings: `findings` then reads nothing open."""
+    for f in state.EXPORTED:
+        delattr(checker, f.name)
+    checker._frees_open = []
 
 
 def _methods() -> dict:
