@@ -383,16 +383,38 @@ def test_tolerated_stale_padding_stays_in_c():
     assert reference().process_all(_padded_replays()).findings == []
 
 
-def test_stale_padding_read_as_indices_is_left_to_the_reference():
+def test_stale_padding_read_as_indices_is_judged_by_the_reference():
+    """The stale index the Python checker holds open stays with it while the engine goes on:
+    judged when findings are read (on an export) and at the Free of the memory it indexes (the
+    engine stops there)."""
     events = _padded_replays(index_role=True)
-    assert not assert_same(events)
-    assert fast().process_all(events).handed_over_on == "GraphReplay"
+    f = fast().process_all(events)
+    assert not f.handed_over and f.resumed == 1 and f.resumed_on == "GraphReplay"
+    assert f.findings == [] and f._judge._stale_open
+    later = [Kernel(0, 1, (), (Footprint(30, ((0, 8),)),), "write_kv", ST),
+             Kernel(0, 1, (), (Footprint(31, ((0, 8),)),), "other", ST)]
+    f.process_all(later)
+    assert [(x.rule, x.tensor) for x in f.findings] == [("RC006", "input_ids")]
+    freed = events + [Alloc(0, 30, 1, 8)] + later + [Free(0, 30, ST), Kernel(0, 1, (), (Footprint(31, ((0, 8),)),), "next", ST)]
+    for trace in (events, events + later, freed):
+        assert not assert_same(trace)
+    for n in range(1, len(freed) + 1):
+        assert_same(freed[:n])
+    f = fast().process_all(freed)
+    assert not f.handed_over and f.resumed == 2 and not f._judge._stale_open
 
 
 def test_undeclared_stale_padding_is_rc006():
+    """Judged by the Python checker at the replay; the engine applies the replay and goes on."""
     events = _padded_replays(tolerant=False)
+    events += [Kernel(0, 1, (), (Footprint(20, ((0, 16),)),), "fill_live_rows", ST),
+               GraphReplay(0, 1, 1, ST), Kernel(0, 1, (Footprint(21, ((0, 8),)),), (), "sample", ST)]
     assert not assert_same(events)
-    assert [(f.rule, f.tensor) for f in fast().process_all(events).findings] == [("RC006", "input_ids")]
+    for n in range(1, len(events) + 1):
+        assert_same(events[:n])
+    f = fast().process_all(events)
+    assert [(f.rule, f.tensor) for f in f.findings] == [("RC006", "input_ids")]
+    assert not f.handed_over and f.resumed == 2 and f.resumed_on == "GraphReplay"
 
 
 def test_bytes_a_graph_stages_itself_are_not_inputs_in_c():

@@ -65,14 +65,24 @@ TRACES = dict({"hazard-and-graph": _hazard_and_graph},
 
 
 def _run(events, fail_at):
-    """The engine on `events`, then its export; allocation `fail_at` fails. The exception raised,
-    or None when the run did not reach that allocation."""
+    """The engine on `events`, going on past each race as FastChecker's resume does (an export,
+    the race applied, the Python's notes kept, frees watched), then its final export; allocation
+    `fail_at` fails. The exception raised, or None when the run did not reach that allocation."""
     engine = native.engine_built.Engine(64, _kit())
     target = Checker.awaiting_export(64)
     it = iter(events)
     _testcapi.set_nomemory(fail_at, fail_at + 1)
     try:
-        engine.process_all(it, None)
+        stop = engine.process_all(it, None)
+        while stop is not None and engine.raced is stop:
+            judge = Checker.awaiting_export(64)
+            engine.export(judge)
+            engine.apply(stop, None)
+            for sh in judge._shadow.values():
+                sh.seen = {("RC001", 0, 8)}
+            engine.keep_seen(judge)
+            engine.watch_frees([7, 8])
+            stop = engine.process_all(it, None)
         engine.export(target)
         return None
     except BaseException as exc:   # noqa: BLE001 - any exception is the finding here

@@ -179,6 +179,17 @@ static PyObject *eng_export(Engine *e, PyObject *c) {
     Py_RETURN_NONE;
 }
 
+/* watch_frees(blocks): a Free of one of these blocks stops the engine as a race does (the
+   Python checker judges the stale indices it holds open into them, racecheck/core/checker/graphs.py
+   _settle_stale_indices) */
+static PyObject *eng_watch_frees(Engine *e, PyObject *blocks) {
+    PyObject *set = PySet_New(blocks);
+    if (set == NULL)
+        return NULL;
+    Py_XSETREF(e->watched, set);
+    Py_RETURN_NONE;
+}
+
 static PyObject *eng_keep_seen(Engine *e, PyObject *c) {
     if (keep_seen(e, c) < 0)
         return NULL;
@@ -217,6 +228,7 @@ static void eng_dealloc(Engine *e) {
     Py_XDECREF(e->kit);
     Py_XDECREF(e->frees_open);
     Py_XDECREF(e->raced);
+    Py_XDECREF(e->watched);
     PyMem_Free(e->fps);
     PyMem_Free(e->ivs);
     Py_TYPE(e)->tp_free((PyObject *)e);
@@ -289,6 +301,8 @@ static PyMethodDef eng_methods[] = {
      "RC005 hazards open now (Checker._frees_open)"},
     {"export", (PyCFunction)eng_export, METH_O,
      "export(checker): give a Checker this state"},
+    {"watch_frees", (PyCFunction)eng_watch_frees, METH_O,
+     "watch_frees(blocks): stop at a Free of one of these blocks, as at a race"},
     {"keep_seen", (PyCFunction)eng_keep_seen, METH_O,
      "keep_seen(checker): keep the races noted per storage on a checker this engine exported to"},
     {"timeline_name", (PyCFunction)eng_timeline_name, METH_O, "Checker.timeline_name"},

@@ -366,6 +366,8 @@ typedef struct {
     int forced;                 /* apply(): update the state without the race checks */
     PyObject *raced;            /* the event the engine last stopped at on a race (owned), else
                                    NULL: the one apply() takes */
+    PyObject *watched;          /* blocks whose Free the Python checker judges (a set, owned, or
+                                   NULL): its open stale indices point into them */
     TL *tls;
     int ntl, tl_cap;
     Map tl_of;                  /* tid -> timeline index + 1 */
@@ -487,6 +489,7 @@ int apply_write(Engine *e, const FPv *f, PyObject *storage, Rec *rec, int64_t gr
 int on_kernel(Engine *e, PyObject *ev, int64_t seq);
 int on_host_access(Engine *e, PyObject *ev, int64_t seq);
 int on_copy(Engine *e, PyObject *ev, int64_t seq);
+int raced(Engine *e, PyObject *ev);
 
 static inline int read_clean(Engine *e, const FPv *f, const VC *vc, int cur_host) {
     return access_clean(e, f, vc, cur_host, 0, NULL);

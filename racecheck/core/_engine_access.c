@@ -563,9 +563,9 @@ static int all_clean(Engine *e, PyObject *ev, int tl, int rfirst, int rcount, in
     return 1;
 }
 
-/* An access whose checks would note something: the handover, remembering the event (the Python
-   checker may judge it alone, and the engine then apply it: FastChecker's resume). */
-static int raced(Engine *e, PyObject *ev) {
+/* An access or replay whose checks would note something: the handover, remembering the event
+   (the Python checker may judge it alone, and the engine then apply it: FastChecker's resume). */
+int raced(Engine *e, PyObject *ev) {
     Py_INCREF(ev);
     Py_XSETREF(e->raced, ev);
     return HANDOVER;

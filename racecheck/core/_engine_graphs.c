@@ -417,10 +417,12 @@ int on_replay(Engine *e, PyObject *ev, int64_t seq) {
         return s == -2 ? HANDOVER : -1;
     TRY(settle_frees(e, s));
     Graph *gr = graph_get(e, g);
-    if (gr != NULL) {
+    if (gr != NULL && !e->forced) {
         int r = rc006_clean(e, gr);
-        if (r <= 0)
+        if (r < 0)
             return r;
+        if (r == 0)
+            return raced(e, ev);
         const VC *vc = &e->tls[s].vc;
         for (int k = 0; k < gr->nops; k++) {
             COp *c = &gr->cops[k];
@@ -430,12 +432,12 @@ int on_replay(Engine *e, PyObject *ev, int64_t seq) {
                 if (acc_load(e, &c->reads[m], &v) < 0)
                     return -1;
                 if (!read_clean(e, &v, vc, 0))
-                    return HANDOVER;
+                    return raced(e, ev);
                 /* a read after this replay's own write of the same bytes (Checker._check_rc007
                    on this replay's record) */
                 if (v.born != NONE_I64 && gr->first_replay != NONE_I64 &&
                     gr->first_replay < v.born && seq >= v.born)
-                    return HANDOVER;
+                    return raced(e, ev);
             }
             for (int m = 0; m < c->nwrites; m++) {
                 FPv v;
@@ -443,7 +445,7 @@ int on_replay(Engine *e, PyObject *ev, int64_t seq) {
                 if (acc_load(e, &c->writes[m], &v) < 0)
                     return -1;
                 if (!write_clean(e, &v, vc, 0))
-                    return HANDOVER;
+                    return raced(e, ev);
             }
         }
     }

@@ -210,6 +210,13 @@ int on_free(Engine *e, PyObject *ev, int64_t seq) {
                 return -1;
         }
     }
+    if (e->watched != NULL && !e->forced && PySet_GET_SIZE(e->watched)) {
+        int w = PySet_Contains(e->watched, blk);    /* stale indices into it are judged now */
+        if (w < 0)
+            return -1;
+        if (w)
+            return raced(e, ev);
+    }
     TL *ht = &e->tls[h];
     Py_INCREF(blk);
     CtxEnt c = {CX_FREE, seq, NULL, blk, NULL, 0, 0, -1, -1};

@@ -11,14 +11,17 @@ come from the reference code; a clean run never leaves C.
 Most of a real engine's trace comes after its first finding: sglang as shipped has triaged
 start-up races, and its whole steady state would otherwise run in Python. So where the engine
 stopped on an access that races (a kernel, copy or host access whose checks would note
-something), the Python checker judges that one event, and the engine then applies the event's
-update itself (the handlers' updates do not depend on what they note) and goes on: a resume.
-The Python checker keeps its findings between resumes, and its copy of the state is dropped; the
-engine keeps each storage's notes (`StorageShadow.seen`) and passes a race noted there before. The
-engine hands over for good at anything else (a hazard come due, stale graph input, an event it
-does not model, Python state left pending after the event), and after RESUMES resumes: a trace
-that races that often is cheaper in Python than exported again and again. The count is of events,
-so the same trace hands over at the same place whatever the timing.
+something, or a replay with stale input or racing captured ops), the Python checker judges that
+one event, and the engine then applies the event's update itself (the handlers' updates do not
+depend on what they note) and goes on: a resume. The Python checker keeps its findings between
+resumes, and its copy of the state is dropped; the engine keeps each storage's notes
+(`StorageShadow.seen`) and passes a race noted there before. Stale indices the Python checker
+holds open (`_stale_open`) stay with it: the engine stops at a Free of the memory they index
+(where the Python settles them), and reading findings judges them on an export. The engine hands
+over for good at anything else (an RC005 hazard come due, an event it does not model), and after
+RESUMES resumes: a trace that races that often is cheaper in Python than exported again and
+again. The count is of events, so the same trace hands over at the same place whatever the
+timing.
 
 An RC005 hazard (a free while another stream's access is unordered) is not a finding yet, and in
 real engines most of them close (the allocation stream catches up before it reuses the block).
@@ -147,11 +150,12 @@ class FastChecker:
         except BaseException:
             self._py, self._judge, self._engine = py, None, None
             raise
-        if py._pend or py._stale_open:
+        if py._pend:
             self._py, self._judge, self._engine = py, None, None
             return True
         self._engine.apply(stop, self._namer)
         self._engine.keep_seen(py)
+        self._engine.watch_frees([hz.into for hz in py._stale_open])
         self.resumed += 1
         self.handed_over_at = None
         _dormant(py)
@@ -189,8 +193,18 @@ class FastChecker:
         which the reference code does (so the engine hands over if one is open)."""
         if self._py is None and self._engine.hazards_open():
             self._handover()
-        checker = self._py or self._judge
-        return checker.findings if checker is not None else []
+        if self._py is not None:
+            return self._py.findings
+        judge = self._judge
+        if judge is None:
+            return []
+        if not judge._stale_open:
+            return judge.findings
+        # stale indices still open are judged on the state (Checker._mutated_since)
+        try:
+            return self._exported().findings
+        finally:
+            _dormant(judge)
 
     @property
     def events_processed(self) -> int:
