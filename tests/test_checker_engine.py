@@ -284,6 +284,26 @@ def test_a_race_noted_before_under_another_name_count_is_judged_again():
     assert_same(events)
 
 
+def test_a_namer_that_raises_while_a_race_is_judged():
+    """The reference raises where it would alone and takes the trace over from the next event."""
+    def namer(storage, lo, hi):
+        raise RuntimeError("namer broke")
+    events = [e for e in _racing_steps(3) if type(e) is not NameTensor]
+    ref, f = reference(), fast()
+    ref.namer = f.namer = namer
+    for checker in (ref, f):
+        with pytest.raises(RuntimeError, match="namer broke"):
+            checker.process_all(events)
+    assert f.handed_over and f.handed_over_on == "Kernel r"
+    assert f.events_processed == ref.events_processed
+    ref.namer = f.namer = None
+    rest = events[f.events_processed:]
+    ref.process_all(rest)
+    f.process_all(rest)
+    assert [x.to_json() for x in f.findings] == [x.to_json() for x in ref.findings]
+    assert state(f.python_checker()) == state(ref)
+
+
 def test_a_trace_that_races_often_is_handed_over(monkeypatch):
     from racecheck.core import fastchecker
     monkeypatch.setattr(fastchecker, "RESUMES", 5)

@@ -168,13 +168,18 @@ static PyObject *eng_hazards_open(Engine *e, PyObject *unused) {
 
 /* ---- the type ------------------------------------------------------------------------------ */
 
-/* export(checker): give a Python Checker this state (again after the engine went on) */
-static PyObject *eng_export(Engine *e, PyObject *c) {
+/* export(checker, storages=None): give a Python Checker this state (again after the engine went
+   on); with `storages`, the shadow memory of those only (what one event's handler reads) */
+static PyObject *eng_export(Engine *e, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "export(checker, storages=None)");
+        return NULL;
+    }
     if (e->done) {
         PyErr_SetString(PyExc_RuntimeError, "the engine failed an export");
         return NULL;
     }
-    if (export_checker(e, c) < 0)
+    if (export_checker(e, args[0], nargs > 1 && args[1] != Py_None ? args[1] : NULL) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -299,8 +304,8 @@ static PyMethodDef eng_methods[] = {
      "apply(event, namer=None): update the state for the race the engine stopped at"},
     {"hazards_open", (PyCFunction)eng_hazards_open, METH_NOARGS,
      "RC005 hazards open now (Checker._frees_open)"},
-    {"export", (PyCFunction)eng_export, METH_O,
-     "export(checker): give a Checker this state"},
+    {"export", (PyCFunction)(void (*)(void))eng_export, METH_FASTCALL,
+     "export(checker, storages=None): give a Checker this state (with storages: their shadows only)"},
     {"watch_frees", (PyCFunction)eng_watch_frees, METH_O,
      "watch_frees(blocks): stop at a Free of one of these blocks, as at a race"},
     {"keep_seen", (PyCFunction)eng_keep_seen, METH_O,

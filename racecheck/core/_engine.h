@@ -554,7 +554,7 @@ int ex_cache(Ex *x, PyObject **slot, PyObject *v);
 void ex_end(Ex *x);
 PyObject *rec_out(Ex *x, Rec *r);
 int export_timelines_of(Ex *x, PyObject *c, const char *keep, int64_t from_seq);
-int export_checker(Engine *e, PyObject *c);
+int export_checker(Engine *e, PyObject *c, PyObject *only);
 int keep_seen(Engine *e, PyObject *c);
 
 #endif

@@ -305,7 +305,69 @@ int export_timelines_of(Ex *x, PyObject *c, const char *keep, int64_t from_seq) 
 
 static int export_timelines(Ex *x, PyObject *c) { return export_timelines_of(x, c, NULL, 0); }
 
-static int export_shadows(Ex *x, PyObject *c) {
+/* One storage's StorageShadow, as _new_shadow and the handlers would have left it, into the
+   checker's `shadows` dict */
+static int shadow_out(Ex *x, PyObject *shadows, PyObject *cls, Shadow *sh) {
+    Engine *e = x->e;
+    Readers *rd = readers_get(e, sh->st);
+    PyObject *o = PyObject_CallFunction(cls, "OO", sh->storage, rd ? rd->out : Py_None);
+    if (o == NULL)
+        return -1;
+    int rc = PyDict_SetItem(shadows, sh->storage, o);
+    Py_DECREF(o);
+    if (rc < 0)
+        return -1;
+    PyObject *bounds = PyList_New(nbounds(sh)), *states = PyList_New(sh->n);
+    if (bounds == NULL || states == NULL) {
+        Py_XDECREF(bounds);
+        Py_XDECREF(states);
+        return -1;
+    }
+    for (int k = 0; k < nbounds(sh); k++) {
+        PyObject *v = PyLong_FromLongLong(sh->bounds[k]);
+        if (v == NULL) {
+            Py_DECREF(bounds);
+            Py_DECREF(states);
+            return -1;
+        }
+        PyList_SET_ITEM(bounds, k, v);
+    }
+    for (int k = 0; k < sh->n; k++) {
+        Seg *s = &sh->segs[k];
+        PyObject *st;
+        if (s->gap) {
+            Py_INCREF(Py_None);
+            st = Py_None;
+        } else {
+            PyObject *w = s->w ? rec_out(x, s->w) : Py_None;
+            PyObject *d = w ? PyDict_New() : NULL;
+            for (int m = 0; d && m < s->nr; m++) {
+                PyObject *r = rec_out(x, s->r[m].rec);
+                if (r == NULL || PyDict_SetItem(d, e->tls[s->r[m].tl].tid, r) < 0)
+                    Py_CLEAR(d);
+            }
+            st = d ? Py_BuildValue("[ON]", w, d) : NULL;
+        }
+        if (st == NULL) {
+            Py_DECREF(bounds);
+            Py_DECREF(states);
+            return -1;
+        }
+        PyList_SET_ITEM(states, k, st);
+    }
+    if (set_attr_new(o, "bounds", bounds) < 0) {
+        Py_DECREF(states);
+        return -1;
+    }
+    if (set_attr_new(o, "states", states) < 0)
+        return -1;
+    if (sh->seen != NULL && PyObject_SetAttrString(o, "seen", sh->seen) < 0)
+        return -1;
+    return 0;
+}
+
+/* The readers of every graph input, and the shadow of every storage (or of those `only` lists) */
+static int export_shadows(Ex *x, PyObject *c, PyObject *only) {
     Engine *e = x->e;
     PyObject *readers = PyDict_New();
     if (readers == NULL || PyObject_SetAttrString(c, "_readers", readers) < 0) {
@@ -350,64 +412,26 @@ static int export_shadows(Ex *x, PyObject *c) {
     PyObject *cls = kit(e, "StorageShadow");
     if (cls == NULL)
         return -1;
-    MAP_EACH(&e->shadows, key, val) {
-        Shadow *sh = val;
-        Readers *rd = readers_get(e, key);
-        PyObject *o = PyObject_CallFunction(cls, "OO", sh->storage, rd ? rd->out : Py_None);
-        if (o == NULL)
-            return -1;
-        int rc = PyDict_SetItem(shadows, sh->storage, o);
-        Py_DECREF(o);
-        if (rc < 0)
-            return -1;
-        PyObject *bounds = PyList_New(nbounds(sh)), *states = PyList_New(sh->n);
-        if (bounds == NULL || states == NULL) {
-            Py_XDECREF(bounds);
-            Py_XDECREF(states);
-            return -1;
-        }
-        for (int k = 0; k < nbounds(sh); k++) {
-            PyObject *v = PyLong_FromLongLong(sh->bounds[k]);
-            if (v == NULL) {
-                Py_DECREF(bounds);
-                Py_DECREF(states);
+    if (only == NULL) {
+        MAP_EACH(&e->shadows, key, val)
+            if (shadow_out(x, shadows, cls, val) < 0)
                 return -1;
-            }
-            PyList_SET_ITEM(bounds, k, v);
-        }
-        for (int k = 0; k < sh->n; k++) {
-            Seg *s = &sh->segs[k];
-            PyObject *st;
-            if (s->gap) {
-                Py_INCREF(Py_None);
-                st = Py_None;
-            } else {
-                PyObject *w = s->w ? rec_out(x, s->w) : Py_None;
-                PyObject *d = w ? PyDict_New() : NULL;
-                for (int m = 0; d && m < s->nr; m++) {
-                    PyObject *r = rec_out(x, s->r[m].rec);
-                    if (r == NULL || PyDict_SetItem(d, e->tls[s->r[m].tl].tid, r) < 0)
-                        Py_CLEAR(d);
-                }
-                st = d ? Py_BuildValue("[ON]", w, d) : NULL;
-            }
-            if (st == NULL) {
-                Py_DECREF(bounds);
-                Py_DECREF(states);
-                return -1;
-            }
-            PyList_SET_ITEM(states, k, st);
-        }
-        if (set_attr_new(o, "bounds", bounds) < 0) {
-            Py_DECREF(states);
-            return -1;
-        }
-        if (set_attr_new(o, "states", states) < 0)
-            return -1;
-        if (sh->seen != NULL && PyObject_SetAttrString(o, "seen", sh->seen) < 0)
-            return -1;
+        return 0;
     }
-    return 0;
+    PyObject *it = PyObject_GetIter(only), *storage;
+    if (it == NULL)
+        return -1;
+    while ((storage = PyIter_Next(it)) != NULL) {
+        int64_t st;
+        Shadow *sh = as_i64(storage, &st) ? shadow_get(e, st) : NULL;
+        Py_DECREF(storage);
+        if (sh != NULL && shadow_out(x, shadows, cls, sh) < 0) {
+            Py_DECREF(it);
+            return -1;
+        }
+    }
+    Py_DECREF(it);
+    return PyErr_Occurred() ? -1 : 0;
 }
 
 /* keep_seen(checker): each shadow's `seen` of a checker the engine exported to, kept with the
@@ -564,13 +588,13 @@ done:
    done after a failure). The Checker shares no mutable object with the engine but the names and
    stale-tolerant dicts and the record_stream sets, which only the events that change them in both
    change: the engine may go on after an export (FastChecker's resume) and export again. */
-int export_checker(Engine *e, PyObject *c) {
+int export_checker(Engine *e, PyObject *c, PyObject *only) {
     Ex x;
     int rc = ex_begin(&x, e);
     if (rc == 0)
         rc = export_timelines(&x, c);
     if (rc == 0)
-        rc = export_shadows(&x, c);
+        rc = export_shadows(&x, c, only);
     if (rc == 0)
         rc = export_graphs(&x, c);
     if (rc == 0)

@@ -119,13 +119,14 @@ class FastChecker:
         """The reference checker, with this state (hands over now if the engine still runs)."""
         return self._py if self._py is not None else self._handover()
 
-    def _exported(self) -> Checker:
-        """A Python checker with the engine's state now (and the findings judged so far)."""
+    def _exported(self, storages=None) -> Checker:
+        """A Python checker with the engine's state now (and the findings judged so far); with
+        `storages`, the shadow memory of those only."""
         py = self._judge
         if py is None:
             py = Checker.awaiting_export(self.context_window)
             py.namer, py.settled = self._namer, self._settled
-        self._engine.export(py)
+        self._engine.export(py, storages)
         missing = state.not_exported(py)
         if missing:
             raise RuntimeError(f"the checker's engine did not export {', '.join(missing)}")
@@ -138,28 +139,30 @@ class FastChecker:
         return self._py
 
     def _resume(self, stop) -> bool:
-        """The Python checker judges the race the engine stopped at; True when the engine has
-        applied it and goes on, False when the Python checker has the trace from `stop` on
-        (not judged yet) or, having judged it, from the event after it."""
+        """The Python checker judges the race the engine stopped at, and the engine applies it:
+        True. False (nothing done) where the engine cannot go on after `stop`."""
         if self._engine.raced is not stop or self.resumed >= RESUMES:
             return False
-        py = self._exported()
-        self.handed_over_at = self._engine.events_processed
+        py = self._judge = self._exported(_touched(stop))
         try:
             py.process(stop)
         except BaseException:
-            self._py, self._judge, self._engine = py, None, None
+            # the reference raised (a namer's error, a bug): it takes the trace over from the
+            # next event, this one counted and its update made, as where its handler got past
+            # the update
+            at = self._engine.events_processed
+            try:
+                self._engine.apply(stop, self._namer)
+                self._engine.keep_seen(py)
+            finally:
+                self._handover()
+                self.handed_over_at, self.handed_over_on = at, _named(stop)
             raise
-        if py._pend:
-            self._py, self._judge, self._engine = py, None, None
-            return True
         self._engine.apply(stop, self._namer)
         self._engine.keep_seen(py)
         self._engine.watch_frees([hz.into for hz in py._stale_open])
         self.resumed += 1
-        self.handed_over_at = None
         _dormant(py)
-        self._judge = py
         return True
 
     def process(self, event) -> None:
@@ -174,16 +177,10 @@ class FastChecker:
             stop = self._engine.process_all(it, self._namer)
             if stop is None:
                 return self
-            op = getattr(stop, "op", None)
-            on = type(stop).__name__ + (f" {op}" if op else "")
             if self._resume(stop):
-                if self._py is not None:
-                    self.handed_over_on = on
-                    self._py.process_all(it)
-                    return self
-                self.resumed_on = self.resumed_on or on
+                self.resumed_on = self.resumed_on or _named(stop)
                 continue
-            self.handed_over_on = on
+            self.handed_over_on = _named(stop)
             self._handover().process_all(itertools.chain((stop,), it))
             return self
 
@@ -222,6 +219,25 @@ class FastChecker:
         if self._judge is not None:
             out["findings"] = len(self._judge.finding_set)
         return out
+
+
+def _named(ev) -> str:
+    op = getattr(ev, "op", None)
+    return type(ev).__name__ + (f" {op}" if op else "")
+
+
+def _touched(ev):
+    """The storages whose shadow memory the Python handler of `ev` (an event the engine stopped
+    at on a race) reads, or None for all of them (a replay reads its graph's and what its
+    stale indices point into)."""
+    t = type(ev)
+    if t is trace.Kernel or t is trace.HostAccess:
+        return {fp.storage for fp in ev.reads} | {fp.storage for fp in ev.writes}
+    if t is trace.Copy:
+        return {ev.src.storage, ev.dst.storage}
+    if t is trace.Free:
+        return {ev.block}
+    return None
 
 
 def _dormant(checker: Checker) -> None:
