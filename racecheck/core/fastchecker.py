@@ -242,7 +242,7 @@ def _touched(ev):
 
 def _dormant(checker: Checker) -> None:
     """Drop `checker`'s copy of the engine's state (the engine goes on with its own), keeping
-    its findings: `findings` then reads nothing open."""
+    its findings and the stale indices it holds open (RC005 hazards stay with the engine)."""
     for f in state.EXPORTED:
         delattr(checker, f.name)
     checker._frees_open = []
