@@ -269,7 +269,7 @@ def bench_events(label, events, repeat) -> None:
         where = "" if isinstance(checker, Checker) else \
             ("; the engine ran to the end" if until is None else
              f"; the engine handed over at event {until} "
-             f"({checker.handed_over_on or 'findings read with RC005 hazards open'})")
+             f"({checker.handed_over_on})")
         if getattr(checker, "resumed", 0):
             where += f"; {checker.resumed} races judged by the Python checker alone"
         print(f"  {name:18s} {best * 1e3:9.2f} ms  {len(events) / best:>12,.0f} events/s  "

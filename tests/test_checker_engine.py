@@ -360,11 +360,20 @@ def test_hazard_that_comes_due_is_reported_by_the_reference():
 
 
 def test_hazard_open_when_findings_are_read():
+    """Judged as if the trace ended there, on an export; the engine goes on after."""
     events = _hazard_trace()
     f = fast().process_all(events)
     assert not f.handed_over
     assert [(x.rule, x.tensor) for x in f.findings] == [("RC005", "kv")]   # as if the trace ended
     assert [x.to_json() for x in f.findings] == [x.to_json() for x in reference().process_all(events).findings]
+    assert not f.handed_over and f._engine.hazards_open() == 1
+    # the allocation stream catches up: the hazard closes, as in the reference
+    more = [EventRecord(0, 6, 2, ST), StreamWaitEvent(0, 1, 6, ST),
+            Kernel(0, 1, (), (Footprint(8, ((0, 8),)),), "next", ST)]
+    f.process_all(more)
+    ref = reference().process_all(events + more)
+    assert f.findings == ref.findings == [] and not f.handed_over
+    assert state(f.python_checker()) == state(ref)
 
 
 def test_hazard_names_an_unnamed_block_through_the_namer():

@@ -27,8 +27,8 @@ An RC005 hazard (a free while another stream's access is unordered) is not a fin
 real engines most of them close (the allocation stream catches up before it reuses the block).
 The engine keeps them: the Python checker's own `_rc005_hazards` builds each one, with its
 finding text, on a checker given the engine's timelines at the free (`_open_hazards`), and the
-engine hands over only when its allocation stream issues work before catching up, or when
-findings are read while one is open.
+engine hands over only when its allocation stream issues work before catching up. Findings read
+while one is open are the reference's on an export (as if the trace ended there).
 
 The state the engine exports is declared in racecheck.core.checker.state (FIELDS: each
 attribute of a Checker, and whether the export rebuilds it): the handover makes a Checker
@@ -186,20 +186,16 @@ class FastChecker:
 
     @property
     def findings(self) -> list:
-        """As the Python checker's: open RC005 hazards are judged as if the trace ended here,
-        which the reference code does (so the engine hands over if one is open)."""
-        if self._py is None and self._engine.hazards_open():
-            self._handover()
+        """As the Python checker's: open RC005 hazards and stale indices are judged as if the
+        trace ended here, by the reference code on an export; the engine goes on after."""
         if self._py is not None:
             return self._py.findings
         judge = self._judge
-        if judge is None:
-            return []
-        if not judge._stale_open:
-            return judge.findings
-        # stale indices still open are judged on the state (Checker._mutated_since)
+        if not self._engine.hazards_open() and (judge is None or not judge._stale_open):
+            return judge.findings if judge is not None else []
+        judge = self._judge = self._exported()
         try:
-            return self._exported().findings
+            return judge.findings
         finally:
             _dormant(judge)
 
