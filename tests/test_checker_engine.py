@@ -609,3 +609,16 @@ def test_the_comparison_reads_every_state_field():
     compared = set(state(c)) - {"shared", "findings"}
     assert compared == {f.name for f in schema.FIELDS if f.role in (schema.STATE, schema.PENDING)}
     assert set(FORMS) <= compared
+
+
+def test_a_watched_free_that_opens_a_hazard_names_it_as_the_reference():
+    """The Python checker judges the Free (a stale index points into the block) and the engine
+    then applies it: the RC005 hazard the engine builds there still sees the block's name."""
+    kv = Footprint(30, ((0, 8),))
+    events = _padded_replays(index_role=True) + [
+        NameTimeline(0, 2, "side"), Alloc(0, 30, 1, 8), NameTensor(0, 30, 0, 8, "kv", 8, 4),
+        Kernel(0, 1, (), (kv,), "write_kv", ST), EventRecord(0, 5, 1, ST),
+        StreamWaitEvent(0, 2, 5, ST), Kernel(0, 2, (kv,), (), "read_kv", ST), Free(0, 30, ST),
+        Kernel(0, 1, (), (Footprint(31, ((0, 8),)),), "reuse", ST)]
+    assert not assert_same(events)
+    assert ("RC005", "kv") in [(x.rule, x.tensor) for x in fast().process_all(events).findings]

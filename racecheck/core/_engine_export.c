@@ -558,8 +558,13 @@ static int export_rest(Ex *x, PyObject *c) {
             }
             Py_DECREF(t);
         }
-        if (bl->rs != NULL && PyDict_SetItem(recstreams, bl->block, bl->rs) < 0)
-            goto done;
+        if (bl->rs != NULL) {
+            PyObject *rs = PySet_New(bl->rs);
+            int bad = rs == NULL || PyDict_SetItem(recstreams, bl->block, rs) < 0;
+            Py_XDECREF(rs);
+            if (bad)
+                goto done;
+        }
     }
     for (int k = 0; k < e->nunsited; k++)
         if (PyList_Append(unsited, e->unsited[k]) < 0)
@@ -569,8 +574,8 @@ static int export_rest(Ex *x, PyObject *c) {
         PyObject_SetAttrString(c, "_sites", sites) < 0 ||
         PyObject_SetAttrString(c, "_recstreams", recstreams) < 0 ||
         PyObject_SetAttrString(c, "_unsited", unsited) < 0 ||
-        PyObject_SetAttrString(c, "_names", e->names) < 0 ||
-        PyObject_SetAttrString(c, "_tolerant", e->tolerant) < 0 ||
+        set_attr_new(c, "_names", PyDict_Copy(e->names)) < 0 ||
+        set_attr_new(c, "_tolerant", PyDict_Copy(e->tolerant)) < 0 ||
         set_attr_new(c, "_name_order", PyLong_FromLongLong(e->name_order)) < 0 ||
         set_attr_new(c, "_seq", PyLong_FromLongLong(e->seq)) < 0)
         goto done;
@@ -585,9 +590,10 @@ done:
 }
 
 /* export(checker): give a Python Checker this state: 0, or -1 with an exception (the engine is
-   done after a failure). The Checker shares no mutable object with the engine but the names and
-   stale-tolerant dicts and the record_stream sets, which only the events that change them in both
-   change: the engine may go on after an export (FastChecker's resume) and export again. */
+   done after a failure). The engine may go on after an export (FastChecker's resume), so the
+   Checker gets its own containers: what it shares with the engine is only the storages' `seen`
+   sets, on purpose (keep_seen), and the lists of names, which only NameTensor changes, an event
+   the engine never leaves to the Python while it goes on. */
 int export_checker(Engine *e, PyObject *c, PyObject *only) {
     Ex x;
     int rc = ex_begin(&x, e);
