@@ -466,15 +466,8 @@ class SessionResult:
     sync_sites: list
     unmatched_drops: list
     executor: dict | None = None         # the executor's state (see AdversarialExecutor.adopt)
-    # how far the checker's C engine went (racecheck.core.fastchecker): races the Python checker
-    # judged alone, and where it took the trace over for good (None: it never did)
+    # how far the checker's C engine went (FastChecker.engine_path; empty for the Python Checker)
     engine: dict = field(default_factory=dict)
-
-
-def _engine_path(checker) -> dict:
-    return {"resumed": getattr(checker, "resumed", None),
-            "handed_over_at": getattr(checker, "handed_over_at", None),
-            "handed_over_on": getattr(checker, "handed_over_on", None)}
 
 
 def _instrumented(sc: Scenario, cfg: dict, device: str, seed: int, options: dict,
@@ -493,7 +486,7 @@ def _instrumented(sc: Scenario, cfg: dict, device: str, seed: int, options: dict
                          {"events": rc.checker.events_processed}, rc.sync_sites.sites(),
                          rc.sync_sites.unmatched_drops(),
                          executor.export() if hasattr(executor, "export") else None,
-                         _engine_path(rc.checker))
+                         rc.checker.engine_path() if hasattr(rc.checker, "engine_path") else {})
 
 
 def unexecuted_drops(dropped, executed_ids) -> UsageError:

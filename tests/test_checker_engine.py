@@ -247,6 +247,7 @@ def test_race_is_judged_by_python_and_the_engine_goes_on():
               Kernel(0, 2, (x,), (), "r", ST), Kernel(0, 2, (x,), (), "r2", ST)]
     f = fast().process_all(iter(events))
     assert not f.handed_over and f.resumed == 1 and f.resumed_on == "Kernel r"
+    assert f.engine_path() == {"resumed": 1, "handed_over_at": None, "handed_over_on": None}
     assert f.events_processed == 5 and f._engine.events_processed == 5
     assert [x.rule for x in f.findings] == ["RC001"]
     assert not assert_same(events)

@@ -69,8 +69,7 @@ static int process_one(Engine *e, PyObject *ev) {
         return 0;
     if (e->running)
         return 2;
-    if (e->raced != NULL)
-        Py_CLEAR(e->raced);
+    Py_CLEAR(e->raced);
     int k = event_kind(e, ev);
     if (k < 0)
         return 0;

@@ -370,18 +370,22 @@ static PyObject *site_of(Engine *e, PyObject *ev, PyObject *sub) {
 
 /* The Python checker noted this conflict before, so noting it again adds nothing (report.py
    _note: the key `qk` is in the storage's `seen`): 1, else 0 (an error is cleared: the Python
-   decides). `prev` conflicts with the current access on the segment's bytes [lo, hi). Only for
-   an event that reaches the storage through one range in all: then the Python handler visits
+   decides). `prev` conflicts with the current access's range [lo, hi) on segment k. Only for an
+   event that reaches the storage through one range in all: then the Python handler visits
    exactly the segments seen here, cut only at that range's ends, so its `qk` is this one. */
-static int noted_before(Engine *e, const Cur *cur, Shadow *sh, const Rec *prev, int prev_writes,
-                        int cur_host, int write, int64_t lo, int64_t hi) {
+static int noted_before(Engine *e, const Cur *cur, Shadow *sh, int k, int64_t lo, int64_t hi,
+                        const Rec *prev, int prev_writes, int cur_host, int write) {
     if (cur == NULL || sh->seen == NULL)
         return 0;
+    if (sh->bounds[k] > lo)
+        lo = sh->bounds[k];
+    if (sh->bounds[k + 1] < hi)
+        hi = sh->bounds[k + 1];
     int ranges = 0;
-    for (int k = cur->rf; k < cur->rf + cur->rn; k++)
-        ranges += e->fps[k].st == sh->st ? e->fps[k].nr : 0;
-    for (int k = cur->wf; k < cur->wf + cur->wn; k++)
-        ranges += e->fps[k].st == sh->st ? e->fps[k].nr : 0;
+    for (int j = cur->rf; j < cur->rf + cur->rn; j++)
+        ranges += e->fps[j].st == sh->st ? e->fps[j].nr : 0;
+    for (int j = cur->wf; j < cur->wf + cur->wn; j++)
+        ranges += e->fps[j].st == sh->st ? e->fps[j].nr : 0;
     if (ranges != 1)
         return 0;
     const char *rule = prev->host || cur_host ? "RC004" : !write ? "RC001" : prev_writes ? "RC003"
@@ -429,18 +433,16 @@ int access_clean(Engine *e, const FPv *f, const VC *vc, int cur_host, int write,
             Seg *s = &sh->segs[k];
             if (s->gap)
                 continue;
-            int64_t slo = sh->bounds[k] > lo ? sh->bounds[k] : lo,
-                    shi = sh->bounds[k + 1] < hi ? sh->bounds[k + 1] : hi;
             if (s->w != NULL) {
                 if (!write && rc007_candidate(e, s->w, f->born))
                     return 0;
                 if (conflicts(s->w, vc, cur_host) &&
-                    !noted_before(e, cur, sh, s->w, 1, cur_host, write, slo, shi))
+                    !noted_before(e, cur, sh, k, lo, hi, s->w, 1, cur_host, write))
                     return 0;
             }
             for (int m = 0; write && m < s->nr; m++)
                 if (conflicts(s->r[m].rec, vc, cur_host) &&
-                    !noted_before(e, cur, sh, s->r[m].rec, 0, cur_host, write, slo, shi))
+                    !noted_before(e, cur, sh, k, lo, hi, s->r[m].rec, 0, cur_host, write))
                     return 0;
         }
     }

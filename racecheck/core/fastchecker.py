@@ -208,6 +208,12 @@ class FastChecker:
             return self._py.timeline_name(tid)
         return self._engine.timeline_name(tid)
 
+    def engine_path(self) -> dict:
+        """How far the C engine went: races the Python checker judged alone, and where it took
+        the trace over for good (None: it never did)."""
+        return {"resumed": self.resumed, "handed_over_at": self.handed_over_at,
+                "handed_over_on": self.handed_over_on}
+
     def stats(self) -> dict:
         if self._py is not None:
             return self._py.stats()
