@@ -500,10 +500,10 @@ def test_nested_calls_reuse_the_launchs_patched_language(monkeypatch, tmp_path):
     idx = torch.arange(63, -1, -1, dtype=torch.int64)
     try:
         with racecheck.session(device="sim"):
-            for _ in range(2):
-                out = torch.zeros(64)
-                gather_scale[(4,)](x, out, idx, 64, BLOCK=16)      # a nested helper per program
-                assert torch.equal(out, x.flip(0) * 2)
+            for i in range(2):          # other values each time: a launch that is interpreted
+                xi, out = x + i, torch.zeros(64)
+                gather_scale[(4,)](xi, out, idx, 64, BLOCK=16)     # a nested helper per program
+                assert torch.equal(out, xi.flip(0) * 2)
             assert patched == ["gather_scale", "gather_scale"]    # the launches only
             patched.clear()
             out = torch.zeros(64)

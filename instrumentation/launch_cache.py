@@ -1,0 +1,226 @@
+"""Interpreted Triton launches replayed from their exact inputs (sim).
+
+Triton's CPU interpreter is most of a real engine's run on sim, and an engine launches the same
+kernel on the same bytes again and again: a graph runner's two warm-ups and its capture run one
+forward three times per batch-size bucket. A launch is a deterministic function of its scalar
+arguments, the layout of its tensor arguments and the bytes it loads, so a launch that meets a
+recorded one on all three needs no interpretation: its stores are written back and its
+footprints are the recorded ones, as Triton's own cache stands in for a compilation.
+
+Exactness, by induction over the launch's loads: a load of a byte the launch has not stored yet
+reads the byte as it was before the launch, which the check compares with the value the recorded
+launch loaded; a load of a byte it stored reads what it stored, which is the recorded value
+because every earlier load matched. So the recorded loads (first value per byte) equal to the
+current bytes imply the same execution, the same stores and the same footprints. The check is
+stronger than it needs to be where a launch loads a byte after storing it (a miss, never a wrong
+hit).
+
+Addresses are kept relative to each argument's storage, so a launch on tensors that the CPU
+allocator placed elsewhere, laid out the same, still meets its record. Not replayed: kernels
+that load pointers from memory (their reach is not their arguments), launches whose accesses
+leave their arguments' storages, and arguments without a value-only key (an object whose repr
+is its address, a grid computed by a function).
+"""
+from __future__ import annotations
+
+import collections
+import ctypes
+
+import numpy as np
+import torch
+
+ENTRIES = 4096          # records kept per process (least recently met dropped first)
+PER_KEY = 4             # records kept per kernel and argument layout
+
+
+class Uncacheable(Exception):
+    """A launch argument with no value-only key."""
+
+
+def _scalar_key(v):
+    if v is None or isinstance(v, (bool, int, str)):
+        return (type(v).__name__, v)
+    if isinstance(v, float):
+        return ("float", repr(v))             # -0.0 and nan kept apart
+    if isinstance(v, torch.dtype):
+        return ("dtype", str(v))
+    if isinstance(v, (tuple, list)):
+        return (type(v).__name__, tuple(_scalar_key(x) for x in v))
+    if isinstance(v, np.integer):
+        return ("int", int(v))
+    if type(v).__name__ == "constexpr" and hasattr(v, "value"):
+        return ("constexpr", _scalar_key(v.value))
+    dtype_name = getattr(v, "name", None)      # triton.language dtypes
+    if type(v).__module__.startswith("triton.language") and isinstance(dtype_name, str):
+        return ("tl", type(v).__name__, dtype_name)
+    raise Uncacheable(type(v).__name__)
+
+
+class Layout:
+    """The launch's key: its kernel, grid and arguments, tensors by storage-relative layout.
+
+    `spans` are the argument storages in order of first appearance: (base address, bytes)."""
+
+    __slots__ = ("key", "bases", "sizes")
+
+    def __init__(self, fn, grid, args, kwargs):
+        if callable(grid):
+            raise Uncacheable("grid function")
+        self.bases: list = []
+        self.sizes: list = []
+        where: dict = {}
+
+        def norm(v):
+            if isinstance(v, torch.Tensor):
+                st = v.untyped_storage()
+                base = st.data_ptr()
+                group = where.get(base)
+                if group is None:
+                    group = where[base] = len(self.bases)
+                    self.bases.append(base)
+                    self.sizes.append(st.nbytes())
+                return ("T", group, v.data_ptr() - base, self.sizes[group], tuple(v.shape),
+                        tuple(v.stride()), str(v.dtype))
+            if isinstance(v, (tuple, list)) and any(isinstance(x, torch.Tensor) for x in v):
+                return (type(v).__name__, tuple(norm(x) for x in v))
+            return _scalar_key(v)
+        self.key = (fn, _scalar_key(tuple(grid) if isinstance(grid, list) else grid),
+                    tuple(norm(a) for a in args),
+                    tuple(sorted((k, norm(v)) for k, v in kwargs.items())))
+
+    def buffers(self) -> list:
+        """Writable byte views of the argument storages."""
+        return [np.frombuffer((ctypes.c_char * n).from_address(b), dtype=np.uint8) if n else
+                np.zeros(0, np.uint8) for b, n in zip(self.bases, self.sizes)]
+
+
+class Recorder:
+    """What one interpreted launch loads (first value of each byte) and stores, per storage."""
+
+    def __init__(self, layout: Layout, bufs: list):
+        self.layout = layout
+        self.bufs = bufs
+        order = np.argsort(np.asarray(layout.bases, dtype=np.uint64), kind="stable")
+        self._order = order
+        self._starts = np.asarray(layout.bases, dtype=np.uint64)[order]
+        self._ends = self._starts + np.asarray(layout.sizes, dtype=np.uint64)[order]
+        self.loads: list = []          # (group, byte offsets, values) in load order
+        self.stores: list = []         # (group, byte offsets)
+        self.outside = False
+
+    def note(self, kind: str, addrs, el: int) -> None:
+        """`addrs`: element start addresses (uint64) of an access about to happen."""
+        k = np.searchsorted(self._starts, addrs, side="right").astype(np.int64) - 1
+        inside = (k >= 0) & (addrs < self._ends[np.maximum(k, 0)])
+        if not inside.all():
+            self.outside = True
+            return
+        groups = self._order[k]
+        step = np.arange(el, dtype=np.int64)
+        for g in np.unique(groups):
+            sel = addrs[groups == g] - np.uint64(self.layout.bases[g])
+            offs = (sel.astype(np.int64)[:, None] + step).reshape(-1)
+            if "r" in kind:
+                self.loads.append((int(g), offs, self.bufs[g][offs].copy()))
+            if "w" in kind:
+                self.stores.append((int(g), offs))
+
+    def record(self, footprints, spans) -> "Record | None":
+        """The launch's record once it ran, or None where it cannot be replayed."""
+        relative = _relative(footprints, spans)
+        if self.outside or relative is None:
+            return None
+        loads = _first_per_byte(self.loads, values=True)
+        stores = [(g, offs, self.bufs[g][offs].copy())
+                  for g, offs in _first_per_byte(self.stores, values=False)]
+        return Record(loads, stores, relative)
+
+
+def _first_per_byte(parts, values: bool) -> list:
+    by_group: dict = collections.defaultdict(list)
+    for p in parts:
+        by_group[p[0]].append(p)
+    out = []
+    for g, ps in sorted(by_group.items()):
+        offs = np.concatenate([p[1] for p in ps])
+        uniq, first = np.unique(offs, return_index=True)
+        if values:
+            out.append((g, uniq, np.concatenate([p[2] for p in ps])[first]))
+        else:
+            out.append((g, uniq))
+    return out
+
+
+def _relative(footprints, spans) -> tuple | None:
+    """Each kind's footprints as (span index, ranges, approx), reads then writes; None where
+    one is on a storage that is not an argument's."""
+    index = {}
+    for i, (_base, _n, sid, _host) in enumerate(spans):
+        index.setdefault(sid, i)
+    if any(f.storage not in index for fps in footprints for f in fps):
+        return None
+    return tuple(tuple((index[f.storage], f.ranges, f.approx) for f in fps) for fps in footprints)
+
+
+class Record:
+    """A launch's loads, stores and footprints, relative to its argument storages."""
+
+    __slots__ = ("loads", "stores", "footprints")
+
+    def __init__(self, loads, stores, footprints):
+        self.loads = loads
+        self.stores = stores
+        self.footprints = footprints
+
+    def matches(self, bufs) -> bool:
+        return all(np.array_equal(bufs[g][offs], vals) for g, offs, vals in self.loads)
+
+    def replay(self, bufs, spans, footprint_type) -> tuple:
+        for g, offs, vals in self.stores:
+            bufs[g][offs] = vals
+        return tuple(tuple(footprint_type(spans[i][2], ranges, spans[i][3], approx)
+                           for i, ranges, approx in fps) for fps in self.footprints)
+
+
+class LaunchCache:
+    """Records of interpreted launches, per process (engines outlive sessions in a fuzzer)."""
+
+    def __init__(self, entries: int = ENTRIES, per_key: int = PER_KEY):
+        self._records: collections.OrderedDict = collections.OrderedDict()
+        self._entries = entries
+        self._per_key = per_key
+        self.count = 0
+        self.hits = 0
+        self.misses = 0
+        self.skipped = 0
+
+    def find(self, layout: Layout, bufs) -> Record | None:
+        recs = self._records.get(layout.key)
+        if recs is None:
+            return None
+        for rec in recs:
+            if rec.matches(bufs):
+                self._records.move_to_end(layout.key)
+                return rec
+        return None
+
+    def keep(self, layout: Layout, rec: Record) -> None:
+        recs = self._records.get(layout.key)
+        if recs is None:
+            recs = self._records[layout.key] = collections.deque(maxlen=self._per_key)
+        else:
+            self._records.move_to_end(layout.key)
+            self.count -= len(recs)
+        recs.appendleft(rec)
+        self.count += len(recs)
+        while self.count > self._entries and self._records:
+            _, dropped = self._records.popitem(last=False)
+            self.count -= len(dropped)
+
+    def clear(self) -> None:
+        """Forget every record, and the counts."""
+        self._records.clear()
+        self.count = self.hits = self.misses = self.skipped = 0
+
+
+CACHE = LaunchCache()
