@@ -1,7 +1,7 @@
 """Where a run of the real sglang engine's time goes on a CPU (the front door, `sim`).
 
     python bench/bench_sglang.py [--scenario sglang-eagle-v2] [--set K=V ...] [--quick] [--naming]
-                                 [--whole-run ROUNDS] [--freeze ROUNDS]
+                                 [--whole-run ROUNDS] [--freeze ROUNDS] [--replay ROUNDS]
 
 Prints, for one configuration: the import of sglang's scheduler (with racecheck's shims), then
 one `racecheck run` worth of work in a fresh process per phase split (scheduler construction,
@@ -20,7 +20,9 @@ reference side by side) in fresh processes, N rounds alternating: with the run-t
 reference unchecked) against all three off, in the same code. `--freeze N` compares engine
 processes that freeze what they inherit (`scenarios/fresh.py`) with processes that do not: the
 engine process's split (construction, loop, the collector's time, the objects in its reach),
-then whole runs, N rounds each, alternating.
+then whole runs, N rounds each, alternating. `--replay N` does the same for Triton launches
+replayed from recorded bytes (`instrumentation/launch_cache.py`) against every launch
+interpreted.
 
 Then, side by side in one process: what importing sglang costs a forked engine process (every
 run, instrumented or reference, is one) from a cold parent, and from a parent warmed by
@@ -38,8 +40,9 @@ CHILD = r"""
 import gc, json, sys, time
 t0 = time.perf_counter()
 import racecheck
-from racecheck.instrumentation import names
+from racecheck.instrumentation import launch_cache, names, triton_kernels
 names.ONE_PASS_PER_MOMENT = len(sys.argv) < 4 or sys.argv[3] == "moment"
+triton_kernels.LAUNCHES_REPLAYED = len(sys.argv) < 6 or sys.argv[5] == "replayed"
 from racecheck import scenarios
 if len(sys.argv) > 4 and sys.argv[4] == "frozen":     # as a child forked from a warmed parent
     from racecheck.scenarios import fresh
@@ -72,7 +75,9 @@ print(json.dumps({"import": t_import, "run": total, **server.TIMINGS,
                   "events": rc.checker.events_processed, "findings": len(rc.findings),
                   "found": sorted(f"{f.rule} {f.tensor}" for f in rc.findings),
                   "walks": getattr(namer, "passes", None), "collector": collector,
-                  "objects": len(gc.get_objects())}))
+                  "objects": len(gc.get_objects()),
+                  "launches": {"replayed": launch_cache.CACHE.hits,
+                               "interpreted": launch_cache.CACHE.misses + launch_cache.CACHE.skipped}}))
 """
 
 
@@ -82,6 +87,7 @@ import racecheck
 from racecheck.instrumentation import names, triton_kernels
 from racecheck.scenarios import fresh
 fresh.FREEZE_INHERITED = sys.argv[1] != "thaw"
+triton_kernels.LAUNCHES_REPLAYED = sys.argv[1] != "interpret"
 if sys.argv[1] == "off":
     triton_kernels.OVERFLOW_CHECKS_AS_COMPILED = False
     names.ONE_PASS_PER_MOMENT = False
@@ -123,9 +129,10 @@ def warm_imports(scenario: str) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def phase(scenario: str, cfg: dict, naming: str = "moment", inherited: str = "thawed") -> dict:
-    p = subprocess.run([sys.executable, "-c", CHILD, scenario, json.dumps(cfg), naming, inherited],
-                       capture_output=True, text=True)
+def phase(scenario: str, cfg: dict, naming: str = "moment", inherited: str = "thawed",
+          launches: str = "replayed") -> dict:
+    p = subprocess.run([sys.executable, "-c", CHILD, scenario, json.dumps(cfg), naming, inherited,
+                        launches], capture_output=True, text=True)
     if p.returncode != 0:
         raise SystemExit(f"bench_sglang: the run failed:\n{p.stderr[-3000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -147,7 +154,8 @@ def whole_run(scenario: str, cfg: dict, rounds: int, modes=("off", "on")) -> Non
             said[how].add(_verdict(p.stdout))
     (a, b), shown = modes, " ".join(f"{k}={v}" for k, v in cfg.items()) or "(defaults)"
     off, on = statistics.median(got[a]), statistics.median(got[b])
-    label = {"off": "cuts off", "on": "on", "thaw": "children thawed", "freeze": "inherited frozen"}
+    label = {"off": "cuts off", "on": "on", "thaw": "children thawed", "freeze": "inherited frozen",
+             "interpret": "every launch interpreted", "replay": "launches replayed"}
     print(f"racecheck run {scenario} {shown}, {rounds} rounds: {label[a]} {off:.1f}s "
           f"{[round(x, 1) for x in got[a]]}, {label[b]} {on:.1f}s "
           f"{[round(x, 1) for x in got[b]]} (x{off / on:.2f}); same report: "
@@ -171,6 +179,26 @@ def freeze_split(scenario: str, cfg: dict, rounds: int) -> None:
               f"{got[0]['collector']['passes']} passes; {got[0]['objects']} objects in its reach")
     same = len({json.dumps(x["found"]) for v in runs.values() for x in v}) == 1
     print(f"same findings, frozen or thawed: {same}")
+
+
+def replay_split(scenario: str, cfg: dict, rounds: int) -> None:
+    """The engine process's split with every Triton launch interpreted against launches on
+    recorded bytes replayed (instrumentation/launch_cache.py), alternating fresh processes."""
+    import statistics
+    runs = {"interpreted": [], "replayed": []}
+    for r in range(rounds):
+        for how in (("interpreted", "replayed") if r % 2 == 0 else ("replayed", "interpreted")):
+            runs[how].append(phase(scenario, cfg, inherited="frozen", launches=how))
+    shown = " ".join(f"{k}={v}" for k, v in cfg.items()) or "(defaults)"
+    for how, got in runs.items():
+        med = {k: statistics.median(x[k] for x in got) for k in ("run", "construction", "loop")}
+        n = got[0]["launches"]
+        print(f"engine process {shown}, launches {how}: run {med['run']:.1f}s "
+              f"{[round(x['run'], 1) for x in got]} = construction {med['construction']:.1f}s + "
+              f"loop {med['loop']:.1f}s; {n['replayed']} launches replayed, "
+              f"{n['interpreted']} interpreted")
+    same = len({json.dumps([x["found"], x["events"]]) for v in runs.values() for x in v}) == 1
+    print(f"same events and findings, replayed or interpreted: {same}")
 
 
 def _verdict(out: str) -> str:
@@ -204,6 +232,9 @@ def main(argv=None) -> int:
     ap.add_argument("--freeze", type=int, default=0, metavar="ROUNDS",
                     help="engine processes that freeze what they inherit against not: the "
                     "engine process's split, then whole runs, alternating")
+    ap.add_argument("--replay", type=int, default=0, metavar="ROUNDS",
+                    help="Triton launches on recorded bytes replayed against every launch "
+                    "interpreted: the engine process's split, then whole runs, alternating")
     ap.add_argument("--naming", action="store_true", help="names once per moment against once "
                     "per batch of findings (graphs off unless --set)")
     args = ap.parse_args(argv)
@@ -227,6 +258,9 @@ def main(argv=None) -> int:
     if args.freeze:
         freeze_split(args.scenario, cfg, args.freeze)
         whole_run(args.scenario, cfg, args.freeze, ("thaw", "freeze"))
+    if args.replay:
+        replay_split(args.scenario, cfg, args.replay)
+        whole_run(args.scenario, cfg, args.replay, ("interpret", "replay"))
     if args.naming:
         naming(args.scenario, {"graphs": "off", **cfg})
     w = warm_imports(args.scenario)

@@ -110,25 +110,34 @@ class Recorder:
 
     def note(self, kind: str, addrs, el: int) -> None:
         """`addrs`: element start addresses (uint64) of an access about to happen."""
+        lo, hi = addrs.min(), addrs.max()
+        k = int(np.searchsorted(self._starts, lo, side="right")) - 1
+        if k >= 0 and hi < self._ends[k]:          # one storage: the common case
+            self._add(kind, int(self._order[k]), addrs, el)
+            return
         k = np.searchsorted(self._starts, addrs, side="right").astype(np.int64) - 1
         inside = (k >= 0) & (addrs < self._ends[np.maximum(k, 0)])
         if not inside.all():
             self.outside = True
             return
         groups = self._order[k]
-        step = np.arange(el, dtype=np.int64)
         for g in np.unique(groups):
-            sel = addrs[groups == g] - np.uint64(self.layout.bases[g])
-            offs = (sel.astype(np.int64)[:, None] + step).reshape(-1)
-            if "r" in kind:
-                self.loads.append((int(g), offs, self.bufs[g][offs].copy()))
-            if "w" in kind:
-                self.stores.append((int(g), offs))
+            self._add(kind, int(g), addrs[groups == g], el)
 
-    def record(self, footprints, spans) -> "Record | None":
-        """The launch's record once it ran, or None where it cannot be replayed."""
-        relative = _relative(footprints, spans)
-        if self.outside or relative is None:
+    def _add(self, kind: str, g: int, addrs, el: int) -> None:
+        offs = (addrs - np.uint64(self.layout.bases[g])).astype(np.int64)
+        if el > 1:
+            offs = (offs[:, None] + np.arange(el, dtype=np.int64)).reshape(-1)
+        if "r" in kind:
+            self.loads.append((g, offs, self.bufs[g][offs]))
+        if "w" in kind:
+            self.stores.append((g, offs))
+
+    def record(self, footprints=None, spans=()) -> "Record | None":
+        """The launch's record once it ran, or None where it cannot be replayed. Without
+        `footprints` (a run for its values only) the record serves only such runs."""
+        relative = None if footprints is None else _relative(footprints, spans)
+        if self.outside or (footprints is not None and relative is None):
             return None
         loads = _first_per_byte(self.loads, values=True)
         stores = [(g, offs, self.bufs[g][offs].copy())
@@ -163,7 +172,8 @@ def _relative(footprints, spans) -> tuple | None:
 
 
 class Record:
-    """A launch's loads, stores and footprints, relative to its argument storages."""
+    """A launch's loads, stores and footprints, relative to its argument storages
+    (`footprints` None: recorded by a run that logged values only)."""
 
     __slots__ = ("loads", "stores", "footprints")
 
@@ -175,9 +185,13 @@ class Record:
     def matches(self, bufs) -> bool:
         return all(np.array_equal(bufs[g][offs], vals) for g, offs, vals in self.loads)
 
-    def replay(self, bufs, spans, footprint_type) -> tuple:
+    def replay(self, bufs, spans=(), footprint_type=None) -> tuple:
+        """Write the recorded stores back; the footprints on the launch's storages (`spans`:
+        (base, bytes, storage id, host) per tensor argument, as the launch logged them)."""
         for g, offs, vals in self.stores:
             bufs[g][offs] = vals
+        if self.footprints is None or footprint_type is None:
+            return ((), ())
         return tuple(tuple(footprint_type(spans[i][2], ranges, spans[i][3], approx)
                            for i, ranges, approx in fps) for fps in self.footprints)
 
@@ -194,12 +208,12 @@ class LaunchCache:
         self.misses = 0
         self.skipped = 0
 
-    def find(self, layout: Layout, bufs) -> Record | None:
+    def find(self, layout: Layout, bufs, footprints: bool = True) -> Record | None:
         recs = self._records.get(layout.key)
         if recs is None:
             return None
         for rec in recs:
-            if rec.matches(bufs):
+            if (rec.footprints is not None or not footprints) and rec.matches(bufs):
                 self._records.move_to_end(layout.key)
                 return rec
         return None

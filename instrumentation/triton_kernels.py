@@ -737,7 +737,7 @@ class TritonHook:
         if self.interpret and not self.backend.sink.check_events:
             # a run for its values only (a scenario's reference): no footprints to log
             return self.launcher.launch(getattr(fn, "__name__", "triton"), (), (),
-                                        lambda: self._interpret(fn, args, grid, kwargs))
+                                        lambda: self._values_only(fn, args, grid, kwargs))
         acc = analyze(kernel, launch_consts(fn, args, kwargs))
         if self.interpret:
             return self._launch_measured(acc, fn, args, grid, kwargs)
@@ -806,6 +806,28 @@ class TritonHook:
             return r, w
         keep = reg.live_storages if acc.indirect else None
         return launcher.launch_measured(acc.name, run, whole, keep=keep)
+
+    def _values_only(self, fn, args, grid, kwargs):
+        """A launch whose footprints nobody reads: replayed where it can be, else interpreted
+        (recorded for the next one, which costs the address log a checked launch keeps)."""
+        layout = bufs = None
+        if LAUNCHES_REPLAYED and not analyze(fn, launch_consts(fn, args, kwargs)).indirect:
+            layout, bufs, rec = _replay_lookup(fn, grid, args, kwargs, footprints=False)
+            if rec is not None:
+                rec.replay(bufs)
+                return None
+        if layout is None:
+            return self._interpret(fn, args, grid, kwargs)
+        log = _AccessLog(launch_cache.Recorder(layout, bufs))
+        _log_tls.log = log
+        try:
+            self._interpret(fn, args, grid, kwargs)
+        finally:
+            _log_tls.log = None
+        rec = log.recorder.record()
+        if rec is not None:
+            launch_cache.CACHE.keep(layout, rec)
+        return None
 
     def _interpret(self, fn, args, grid, kwargs):
         """Run the kernel in Triton's CPU interpreter; nested @triton.jit calls are interpreted
@@ -921,7 +943,7 @@ def _merge_ranges(starts, ends) -> tuple:
     return tuple((int(s[a]), int(e[b])) for a, b in zip(firsts, lasts))
 
 
-def _replay_lookup(fn, grid, args, kwargs) -> tuple:
+def _replay_lookup(fn, grid, args, kwargs, footprints=True) -> tuple:
     """(layout, its byte views, the matching record or None); (None, None, None) where the
     launch cannot be replayed."""
     cache = launch_cache.CACHE
@@ -932,7 +954,7 @@ def _replay_lookup(fn, grid, args, kwargs) -> tuple:
         cache.skipped += 1
         return None, None, None
     bufs = layout.buffers()
-    rec = cache.find(layout, bufs)
+    rec = cache.find(layout, bufs, footprints)
     if rec is None:
         cache.misses += 1
     else:

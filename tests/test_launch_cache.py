@@ -136,3 +136,24 @@ def test_records_are_bounded():
         for _ in range(2):
             cache.keep(L(k), launch_cache.Record([], [], ((), ())))
     assert cache.count <= 3 and cache.find(L(4), []) is not None and cache.find(L(0), []) is None
+
+
+def test_a_run_for_values_only_replays_but_never_serves_a_checked_launch(monkeypatch):
+    xs, ids = [float(v) for v in range(8)], [5, 4, 3, 2, 1, 0, 7, 7]
+
+    def values_only():
+        outs = []
+        with racecheck.session(device="sim", route_cuda=True, check=False):
+            for _ in range(2):
+                x = torch.tensor(xs, device="cuda")
+                idx = torch.tensor(ids, device="cuda")
+                out = torch.full((8,), -1.0, device="cuda")
+                gather_twice[(2,)](x, out, idx, 6, BLOCK=4)
+                outs.append(out.tolist())
+        return outs
+    assert values_only() == [[10.0, 8.0, 6.0, 4.0, 2.0, 0.0, -1.0, -1.0]] * 2
+    assert (launch_cache.CACHE.hits, launch_cache.CACHE.misses) == (1, 1)
+    got, kernels = _gathers([xs], [ids])          # checked: needs footprints, interpreted
+    assert launch_cache.CACHE.misses == 2
+    assert kernels == _uncached(monkeypatch, _gathers, [xs], [ids])[1]
+    assert values_only() and launch_cache.CACHE.hits == 3     # a checked record serves it
