@@ -88,6 +88,12 @@ class Layout:
                     tuple(norm(a) for a in args),
                     tuple(sorted((k, norm(v)) for k, v in kwargs.items())))
 
+    def signature(self, spans) -> tuple:
+        """Which argument storage, host or device, each of the launch's footprint spans is:
+        a record's footprints name spans by position."""
+        return tuple((self.bases.index(base) if base in self.bases else -1, host)
+                     for base, _n, _sid, host in spans)
+
     def buffers(self) -> list:
         """Writable byte views of the argument storages."""
         return [np.frombuffer((ctypes.c_char * n).from_address(b), dtype=np.uint8) if n else
@@ -142,7 +148,8 @@ class Recorder:
         loads = _first_per_byte(self.loads, values=True)
         stores = [(g, offs, self.bufs[g][offs].copy())
                   for g, offs in _first_per_byte(self.stores, values=False)]
-        return Record(loads, stores, relative)
+        return Record(loads, stores, relative,
+                      None if footprints is None else self.layout.signature(spans))
 
 
 def _first_per_byte(parts, values: bool) -> list:
@@ -175,12 +182,13 @@ class Record:
     """A launch's loads, stores and footprints, relative to its argument storages
     (`footprints` None: recorded by a run that logged values only)."""
 
-    __slots__ = ("loads", "stores", "footprints")
+    __slots__ = ("loads", "stores", "footprints", "spans")
 
-    def __init__(self, loads, stores, footprints):
+    def __init__(self, loads, stores, footprints, spans=None):
         self.loads = loads
         self.stores = stores
         self.footprints = footprints
+        self.spans = spans              # Layout.signature of the spans the footprints name
 
     def matches(self, bufs) -> bool:
         return all(np.array_equal(bufs[g][offs], vals) for g, offs, vals in self.loads)
@@ -208,12 +216,16 @@ class LaunchCache:
         self.misses = 0
         self.skipped = 0
 
-    def find(self, layout: Layout, bufs, footprints: bool = True) -> Record | None:
+    def find(self, layout: Layout, bufs, spans=None) -> Record | None:
+        """A record the launch meets; with `spans` (footprints wanted), one whose footprints
+        name the same spans."""
         recs = self._records.get(layout.key)
         if recs is None:
             return None
+        sig = None if spans is None else layout.signature(spans)
         for rec in recs:
-            if (rec.footprints is not None or not footprints) and rec.matches(bufs):
+            if (sig is None or (rec.footprints is not None and rec.spans == sig)) and \
+                    rec.matches(bufs):
                 self._records.move_to_end(layout.key)
                 return rec
         return None

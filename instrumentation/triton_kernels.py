@@ -782,7 +782,7 @@ class TritonHook:
         def run():
             layout = bufs = None
             if LAUNCHES_REPLAYED and not acc.indirect:
-                layout, bufs, rec = _replay_lookup(fn, grid, args, kwargs)
+                layout, bufs, rec = _replay_lookup(fn, grid, args, kwargs, spans)
                 if rec is not None:
                     return rec.replay(bufs, spans, Footprint)
             log = _AccessLog(launch_cache.Recorder(layout, bufs) if layout is not None else None)
@@ -812,7 +812,7 @@ class TritonHook:
         (recorded for the next one, which costs the address log a checked launch keeps)."""
         layout = bufs = None
         if LAUNCHES_REPLAYED and not analyze(fn, launch_consts(fn, args, kwargs)).indirect:
-            layout, bufs, rec = _replay_lookup(fn, grid, args, kwargs, footprints=False)
+            layout, bufs, rec = _replay_lookup(fn, grid, args, kwargs)
             if rec is not None:
                 rec.replay(bufs)
                 return None
@@ -943,9 +943,10 @@ def _merge_ranges(starts, ends) -> tuple:
     return tuple((int(s[a]), int(e[b])) for a, b in zip(firsts, lasts))
 
 
-def _replay_lookup(fn, grid, args, kwargs, footprints=True) -> tuple:
+def _replay_lookup(fn, grid, args, kwargs, spans=None) -> tuple:
     """(layout, its byte views, the matching record or None); (None, None, None) where the
-    launch cannot be replayed."""
+    launch cannot be replayed. `spans`: the launch's footprint spans, where it wants
+    footprints."""
     cache = launch_cache.CACHE
     try:
         layout = launch_cache.Layout(fn, grid, args, kwargs)
@@ -954,7 +955,7 @@ def _replay_lookup(fn, grid, args, kwargs, footprints=True) -> tuple:
         cache.skipped += 1
         return None, None, None
     bufs = layout.buffers()
-    rec = cache.find(layout, bufs, footprints)
+    rec = cache.find(layout, bufs, spans)
     if rec is None:
         cache.misses += 1
     else:

@@ -157,3 +157,20 @@ def test_a_run_for_values_only_replays_but_never_serves_a_checked_launch(monkeyp
     assert launch_cache.CACHE.misses == 2
     assert kernels == _uncached(monkeypatch, _gathers, [xs], [ids])[1]
     assert values_only() and launch_cache.CACHE.hits == 3     # a checked record serves it
+
+
+def test_a_record_names_its_spans_so_host_and_device_arguments_are_kept_apart(monkeypatch):
+    xs, ids = [float(v) for v in range(8)], [5, 4, 3, 2, 1, 0, 7, 7]
+
+    def run():
+        with racecheck.session(device="sim", route_cuda=True, record_trace=True) as rc:
+            for where in ("cuda", "cpu"):
+                x = torch.tensor(xs, device=where)
+                idx = torch.tensor(ids, device="cuda")
+                out = torch.full((8,), -1.0, device="cuda")
+                gather_twice[(2,)](x, out, idx, 6, BLOCK=4)
+        return _kernels(rc), [[f.host for f in e.reads] for e in rc.trace
+                              if type(e).__name__ == "Kernel"]
+    kernels, hosts = run()
+    assert launch_cache.CACHE.hits == 0
+    assert (kernels, hosts) == _uncached(monkeypatch, run)
