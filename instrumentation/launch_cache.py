@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 ENTRIES = 4096          # records kept per process (least recently met dropped first)
+BYTES = 64 << 20        # and their arrays' bytes (a default sglang run keeps 159, 4.6 MB)
 PER_KEY = 4             # records kept per kernel and argument layout
 
 
@@ -182,13 +183,14 @@ class Record:
     """A launch's loads, stores and footprints, relative to its argument storages
     (`footprints` None: recorded by a run that logged values only)."""
 
-    __slots__ = ("loads", "stores", "footprints", "spans")
+    __slots__ = ("loads", "stores", "footprints", "spans", "nbytes")
 
     def __init__(self, loads, stores, footprints, spans=None):
         self.loads = loads
         self.stores = stores
         self.footprints = footprints
         self.spans = spans              # Layout.signature of the spans the footprints name
+        self.nbytes = sum(a.nbytes for part in (loads, stores) for p in part for a in p[1:])
 
     def matches(self, bufs) -> bool:
         return all(np.array_equal(bufs[g][offs], vals) for g, offs, vals in self.loads)
@@ -207,11 +209,13 @@ class Record:
 class LaunchCache:
     """Records of interpreted launches, per process (engines outlive sessions in a fuzzer)."""
 
-    def __init__(self, entries: int = ENTRIES, per_key: int = PER_KEY):
+    def __init__(self, entries: int = ENTRIES, per_key: int = PER_KEY, nbytes: int = BYTES):
         self._records: collections.OrderedDict = collections.OrderedDict()
         self._entries = entries
         self._per_key = per_key
+        self._bytes = nbytes
         self.count = 0
+        self.nbytes = 0
         self.hits = 0
         self.misses = 0
         self.skipped = 0
@@ -236,17 +240,21 @@ class LaunchCache:
             recs = self._records[layout.key] = collections.deque(maxlen=self._per_key)
         else:
             self._records.move_to_end(layout.key)
-            self.count -= len(recs)
+            self._tally(recs, -1)
         recs.appendleft(rec)
-        self.count += len(recs)
-        while self.count > self._entries and self._records:
+        self._tally(recs, 1)
+        while (self.count > self._entries or self.nbytes > self._bytes) and len(self._records) > 1:
             _, dropped = self._records.popitem(last=False)
-            self.count -= len(dropped)
+            self._tally(dropped, -1)
+
+    def _tally(self, recs, sign: int) -> None:
+        self.count += sign * len(recs)
+        self.nbytes += sign * sum(r.nbytes for r in recs)
 
     def clear(self) -> None:
         """Forget every record, and the counts."""
         self._records.clear()
-        self.count = self.hits = self.misses = self.skipped = 0
+        self.count = self.nbytes = self.hits = self.misses = self.skipped = 0
 
 
 CACHE = LaunchCache()

@@ -1,6 +1,7 @@
 """Interpreted Triton launches replayed from their exact inputs (instrumentation/launch_cache.py):
 a replay gives the bytes and the footprints an interpretation would, and only where the launch
 loads the same bytes on the same layout."""
+import numpy as np
 import pytest
 import torch
 
@@ -126,16 +127,25 @@ def test_kernels_that_load_pointers_are_always_interpreted():
     assert launch_cache.CACHE.hits == launch_cache.CACHE.misses == 0
 
 
-def test_records_are_bounded():
-    cache = launch_cache.LaunchCache(entries=3, per_key=2)
-
+def test_records_are_bounded_in_count_and_bytes():
     class L:
         def __init__(self, k):
             self.key = k
+
+    def rec(n=0):
+        return launch_cache.Record([(0, np.zeros(n, np.int64), np.zeros(n, np.uint8))], [],
+                                   ((), ()))
+    cache = launch_cache.LaunchCache(entries=3, per_key=2)
     for k in range(5):
         for _ in range(2):
-            cache.keep(L(k), launch_cache.Record([], [], ((), ())))
-    assert cache.count <= 3 and cache.find(L(4), []) is not None and cache.find(L(0), []) is None
+            cache.keep(L(k), rec())
+    assert cache.count <= 3 and L(0).key not in cache._records and L(4).key in cache._records
+    cache = launch_cache.LaunchCache(nbytes=2000)
+    for k in range(4):
+        cache.keep(L(k), rec(100))                 # 900 bytes each
+    assert cache.nbytes == 1800 and list(cache._records) == [2, 3]
+    cache.keep(L(9), rec(1000))                    # more than the bound alone: kept, alone
+    assert list(cache._records) == [9] and cache.nbytes == 9000
 
 
 def test_a_run_for_values_only_replays_but_never_serves_a_checked_launch(monkeypatch):
