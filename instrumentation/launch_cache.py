@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import types
 
 import numpy as np
 import torch
@@ -57,10 +58,51 @@ def _scalar_key(v):
     raise Uncacheable(type(v).__name__)
 
 
-class Layout:
-    """The launch's key: its kernel, grid and arguments, tensors by storage-relative layout.
+_GLOBALS: dict = {}     # kernel's Python function -> ((globals dict, name), ...) it reads
 
-    `spans` are the argument storages in order of first appearance: (base address, bytes)."""
+
+def _global_reads(fn) -> tuple:
+    """The module globals a kernel and the @triton.jit functions it calls read by name, as
+    (globals dict, name): the interpreter reads them at each launch, so their values are part
+    of the launch (an engine's platform flag set after import, a constant patched by a test)."""
+    top = getattr(fn, "fn", fn)
+    got = _GLOBALS.get(top)
+    if got is not None:
+        return got
+    reads, stack, seen = [], [top], set()
+    while stack:
+        f = stack.pop()
+        if id(f) in seen or not hasattr(f, "__code__"):
+            continue
+        seen.add(id(f))
+        g = f.__globals__
+        for name in _code_names(f.__code__):
+            if name not in g:
+                continue
+            v = g[name]
+            while hasattr(v, "fn") and not isinstance(v, types.ModuleType):
+                v = v.fn                     # a @triton.jit callee (or its wrappers)
+            if isinstance(v, types.FunctionType) and v is not g[name]:
+                stack.append(v)
+            elif not isinstance(v, (types.ModuleType, type, types.FunctionType,
+                                    types.BuiltinFunctionType)):
+                reads.append((g, name))
+    got = _GLOBALS[top] = tuple(reads)
+    return got
+
+
+def _code_names(code) -> set:
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            names |= _code_names(c)
+    return names
+
+
+class Layout:
+    """The launch's key: its kernel, the globals it reads, grid and arguments, tensors by
+    storage-relative layout. `bases` and `sizes`: the argument storages in order of first
+    appearance."""
 
     __slots__ = ("key", "bases", "sizes")
 
@@ -85,7 +127,8 @@ class Layout:
             if isinstance(v, (tuple, list)) and any(isinstance(x, torch.Tensor) for x in v):
                 return (type(v).__name__, tuple(norm(x) for x in v))
             return _scalar_key(v)
-        self.key = (fn, _scalar_key(tuple(grid) if isinstance(grid, list) else grid),
+        self.key = (fn, tuple((name, _scalar_key(g[name])) for g, name in _global_reads(fn)),
+                    _scalar_key(tuple(grid) if isinstance(grid, list) else grid),
                     tuple(norm(a) for a in args),
                     tuple(sorted((k, norm(v)) for k, v in kwargs.items())))
 

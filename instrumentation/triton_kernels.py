@@ -793,9 +793,7 @@ class TritonHook:
                 _log_tls.log = None
             fps = log.footprints(spans, reg)
             if layout is not None:
-                rec = log.recorder.record(fps, spans)
-                if rec is not None:
-                    launch_cache.CACHE.keep(layout, rec)
+                _keep_record(layout, log.recorder, fps, spans)
             return fps
 
         def whole():
@@ -824,9 +822,7 @@ class TritonHook:
             self._interpret(fn, args, grid, kwargs)
         finally:
             _log_tls.log = None
-        rec = log.recorder.record()
-        if rec is not None:
-            launch_cache.CACHE.keep(layout, rec)
+        _keep_record(layout, log.recorder)
         return None
 
     def _interpret(self, fn, args, grid, kwargs):
@@ -903,7 +899,10 @@ class _AccessLog:
         for k in kind:
             self.parts[k].append((addrs, el))
         if self.recorder is not None:
-            self.recorder.note(kind, addrs, el)
+            try:
+                self.recorder.note(kind, addrs, el)
+            except Exception:      # noqa: BLE001 - a record is optional; the launch goes on
+                self.recorder.outside = True
 
     def footprints(self, spans, registry) -> tuple:
         return self._map("r", spans, registry), self._map("w", spans, registry)
@@ -951,7 +950,7 @@ def _replay_lookup(fn, grid, args, kwargs, spans=None) -> tuple:
     try:
         layout = launch_cache.Layout(fn, grid, args, kwargs)
         hash(layout.key)
-    except (launch_cache.Uncacheable, TypeError):
+    except Exception:          # noqa: BLE001 - Uncacheable, an unhashable value: interpreted
         cache.skipped += 1
         return None, None, None
     bufs = layout.buffers()
@@ -961,6 +960,15 @@ def _replay_lookup(fn, grid, args, kwargs, spans=None) -> tuple:
     else:
         cache.hits += 1
     return layout, bufs, rec
+
+
+def _keep_record(layout, recorder, footprints=None, spans=()) -> None:
+    try:
+        rec = recorder.record(footprints, spans)
+        if rec is not None:
+            launch_cache.CACHE.keep(layout, rec)
+    except Exception:          # noqa: BLE001 - a record is optional; the launch has run
+        pass
 
 
 def _tensors_of(args, kwargs):

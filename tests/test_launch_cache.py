@@ -184,3 +184,26 @@ def test_a_record_names_its_spans_so_host_and_device_arguments_are_kept_apart(mo
     kernels, hosts = run()
     assert launch_cache.CACHE.hits == 0
     assert (kernels, hosts) == _uncached(monkeypatch, run)
+
+
+SCALE = 2.0
+
+
+@triton.jit
+def scaled_copy(x_ptr, out_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs) * SCALE)
+
+
+def test_a_global_the_kernel_reads_is_part_of_the_launch(monkeypatch):
+    got = []
+    with racecheck.session(device="sim", route_cuda=True):
+        for scale in (2.0, 2.0, 3.0):
+            monkeypatch.setattr(__import__(__name__), "SCALE", scale)
+            x = torch.ones(4, device="cuda")
+            out = torch.zeros(4, device="cuda")
+            scaled_copy[(1,)](x, out, BLOCK=4)
+            got.append(out.tolist())
+    assert got == [[2.0] * 4, [2.0] * 4, [3.0] * 4]
+    assert (launch_cache.CACHE.hits, launch_cache.CACHE.misses) == (1, 2)
+    assert [n for _, n in launch_cache._global_reads(gather_twice)] == []
