@@ -98,6 +98,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args(argv)
+    os.environ.setdefault("RACECHECK_LAUNCH_RECORDS", "off")   # no records of earlier runs
     import importlib.util
     if importlib.util.find_spec("sglang") is None:
         print("bench_fuzz_sglang: sglang is not installed; skipped")

@@ -21,8 +21,10 @@ reference unchecked) against all three off, in the same code. `--freeze N` compa
 processes that freeze what they inherit (`scenarios/fresh.py`) with processes that do not: the
 engine process's split (construction, loop, the collector's time, the objects in its reach),
 then whole runs, N rounds each, alternating. `--replay N` does the same for Triton launches
-replayed from recorded bytes (`instrumentation/launch_cache.py`) against every launch
-interpreted.
+replayed from recorded bytes (`instrumentation/launch_cache.py`), with records in the process's
+memory only and with a folder of records an earlier run left (`launch_store.py`; a temporary
+one, filled by one untimed run first), against every launch interpreted. Every other figure
+is measured without records on disk (`RACECHECK_LAUNCH_RECORDS=off` unless set).
 
 Then, side by side in one process: what importing sglang costs a forked engine process (every
 run, instrumented or reference, is one) from a cold parent, and from a parent warmed by
@@ -42,7 +44,7 @@ t0 = time.perf_counter()
 import racecheck
 from racecheck.instrumentation import launch_cache, names, triton_kernels
 names.ONE_PASS_PER_MOMENT = len(sys.argv) < 4 or sys.argv[3] == "moment"
-triton_kernels.LAUNCHES_REPLAYED = len(sys.argv) < 6 or sys.argv[5] == "replayed"
+triton_kernels.LAUNCHES_REPLAYED = len(sys.argv) < 6 or sys.argv[5] != "interpreted"
 from racecheck import scenarios
 if len(sys.argv) > 4 and sys.argv[4] == "frozen":     # as a child forked from a warmed parent
     from racecheck.scenarios import fresh
@@ -87,7 +89,7 @@ import racecheck
 from racecheck.instrumentation import names, triton_kernels
 from racecheck.scenarios import fresh
 fresh.FREEZE_INHERITED = sys.argv[1] != "thaw"
-triton_kernels.LAUNCHES_REPLAYED = sys.argv[1] != "interpret"
+triton_kernels.LAUNCHES_REPLAYED = sys.argv[1] != "interpret"    # "replay", "recorded": env
 if sys.argv[1] == "off":
     triton_kernels.OVERFLOW_CHECKS_AS_COMPILED = False
     names.ONE_PASS_PER_MOMENT = False
@@ -130,15 +132,15 @@ def warm_imports(scenario: str) -> dict:
 
 
 def phase(scenario: str, cfg: dict, naming: str = "moment", inherited: str = "thawed",
-          launches: str = "replayed") -> dict:
+          launches: str = "replayed", env: dict | None = None) -> dict:
     p = subprocess.run([sys.executable, "-c", CHILD, scenario, json.dumps(cfg), naming, inherited,
-                        launches], capture_output=True, text=True)
+                        launches], capture_output=True, text=True, env=env)
     if p.returncode != 0:
         raise SystemExit(f"bench_sglang: the run failed:\n{p.stderr[-3000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def whole_run(scenario: str, cfg: dict, rounds: int, modes=("off", "on")) -> None:
+def whole_run(scenario: str, cfg: dict, rounds: int, modes=("off", "on"), envs=None) -> None:
     import statistics
     sets = [a for k, v in cfg.items() for a in ("--set", f"{k}={v}")]
     got = {m: [] for m in modes}
@@ -146,20 +148,23 @@ def whole_run(scenario: str, cfg: dict, rounds: int, modes=("off", "on")) -> Non
     for r in range(rounds):
         for how in (modes if r % 2 == 0 else modes[::-1]):
             p = subprocess.run([sys.executable, "-c", WHOLE, how, scenario, *sets],
-                               capture_output=True, text=True, check=False)
+                               capture_output=True, text=True, check=False,
+                               env=(envs or {}).get(how))
             line = [ln for ln in p.stdout.splitlines() if ln.startswith("@@")]
             if not line or line[-1].split()[2] != "0":
                 raise SystemExit(f"bench_sglang: racecheck run failed:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
             got[how].append(float(line[-1].split()[1]))
             said[how].add(_verdict(p.stdout))
-    (a, b), shown = modes, " ".join(f"{k}={v}" for k, v in cfg.items()) or "(defaults)"
-    off, on = statistics.median(got[a]), statistics.median(got[b])
+    shown = " ".join(f"{k}={v}" for k, v in cfg.items()) or "(defaults)"
+    med = {m: statistics.median(got[m]) for m in modes}
     label = {"off": "cuts off", "on": "on", "thaw": "children thawed", "freeze": "inherited frozen",
-             "interpret": "every launch interpreted", "replay": "launches replayed"}
-    print(f"racecheck run {scenario} {shown}, {rounds} rounds: {label[a]} {off:.1f}s "
-          f"{[round(x, 1) for x in got[a]]}, {label[b]} {on:.1f}s "
-          f"{[round(x, 1) for x in got[b]]} (x{off / on:.2f}); same report: "
-          f"{len(said[a] | said[b]) == 1}")
+             "interpret": "every launch interpreted",
+             "replay": "launches replayed (records in memory)",
+             "recorded": "launches replayed (records of an earlier run on disk)"}
+    parts = [f"{label[m]} {med[m]:.1f}s {[round(x, 1) for x in got[m]]}"
+             + (f" (x{med[modes[0]] / med[m]:.2f})" if i else "") for i, m in enumerate(modes)]
+    print(f"racecheck run {scenario} {shown}, {rounds} rounds: {', '.join(parts)}; same report: "
+          f"{len(set().union(*said.values())) == 1}")
 
 
 def freeze_split(scenario: str, cfg: dict, rounds: int) -> None:
@@ -181,14 +186,18 @@ def freeze_split(scenario: str, cfg: dict, rounds: int) -> None:
     print(f"same findings, frozen or thawed: {same}")
 
 
-def replay_split(scenario: str, cfg: dict, rounds: int) -> None:
-    """The engine process's split with every Triton launch interpreted against launches on
-    recorded bytes replayed (instrumentation/launch_cache.py), alternating fresh processes."""
+def replay_split(scenario: str, cfg: dict, rounds: int, envs: dict) -> None:
+    """The engine process's split with every Triton launch interpreted, against launches on
+    recorded bytes replayed (instrumentation/launch_cache.py) from the process's own records,
+    and from a folder an earlier run filled (launch_store.py), alternating fresh processes."""
     import statistics
-    runs = {"interpreted": [], "replayed": []}
+    modes = ("interpreted", "replayed", "recorded")
+    runs = {m: [] for m in modes}
+    phase(scenario, cfg, inherited="frozen", launches="recorded", env=envs["recorded"])
     for r in range(rounds):
-        for how in (("interpreted", "replayed") if r % 2 == 0 else ("replayed", "interpreted")):
-            runs[how].append(phase(scenario, cfg, inherited="frozen", launches=how))
+        for how in (modes if r % 2 == 0 else modes[::-1]):
+            runs[how].append(phase(scenario, cfg, inherited="frozen", launches=how,
+                                   env=envs[how]))
     shown = " ".join(f"{k}={v}" for k, v in cfg.items()) or "(defaults)"
     for how, got in runs.items():
         med = {k: statistics.median(x[k] for x in got) for k in ("run", "construction", "loop")}
@@ -199,6 +208,19 @@ def replay_split(scenario: str, cfg: dict, rounds: int) -> None:
               f"{n['interpreted']} interpreted")
     same = len({json.dumps([x["found"], x["events"]]) for v in runs.values() for x in v}) == 1
     print(f"same events and findings, replayed or interpreted: {same}")
+
+
+def replay(scenario: str, cfg: dict, rounds: int) -> None:
+    import os
+    import tempfile
+    from racecheck.instrumentation import launch_store
+    with tempfile.TemporaryDirectory(prefix="launch-records-") as folder:
+        off = dict(os.environ, **{launch_store.ENV: "off"})
+        envs = {"interpreted": off, "replayed": off,
+                "recorded": dict(os.environ, **{launch_store.ENV: folder})}
+        replay_split(scenario, cfg, rounds, envs)
+        whole_run(scenario, cfg, rounds, ("interpret", "replay", "recorded"),
+                  {"interpret": off, "replay": off, "recorded": envs["recorded"]})
 
 
 def _verdict(out: str) -> str:
@@ -242,6 +264,8 @@ def main(argv=None) -> int:
     if importlib.util.find_spec("sglang") is None:
         print("bench_sglang: sglang is not installed; skipped")
         return 0
+    import os
+    os.environ.setdefault("RACECHECK_LAUNCH_RECORDS", "off")   # figures from a cold start
     cfg = dict(item.split("=", 1) for item in args.set)
     if args.quick:
         cfg = {"graphs": "off", "arrivals": "0:1x2", **cfg}
@@ -259,8 +283,7 @@ def main(argv=None) -> int:
         freeze_split(args.scenario, cfg, args.freeze)
         whole_run(args.scenario, cfg, args.freeze, ("thaw", "freeze"))
     if args.replay:
-        replay_split(args.scenario, cfg, args.replay)
-        whole_run(args.scenario, cfg, args.replay, ("interpret", "replay"))
+        replay(args.scenario, cfg, args.replay)
     if args.naming:
         naming(args.scenario, {"graphs": "off", **cfg})
     w = warm_imports(args.scenario)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -124,6 +125,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="4 rounds of 5 launches (CI)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    os.environ.setdefault("RACECHECK_LAUNCH_RECORDS", "off")   # no records of earlier runs
     if args.quick:
         args.rounds, args.launches = 4, 5
     if importlib.util.find_spec("triton") is None:

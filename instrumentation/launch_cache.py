@@ -30,9 +30,11 @@ import types
 import numpy as np
 import torch
 
+from . import launch_store
+
 ENTRIES = 4096          # records kept per process (least recently met dropped first)
 BYTES = 64 << 20        # and their arrays' bytes (a default sglang run keeps 159, 4.6 MB)
-PER_KEY = 4             # records kept per kernel and argument layout
+PER_KEY = 16            # records kept per kernel and argument layout
 
 
 class Uncacheable(Exception):
@@ -58,25 +60,35 @@ def _scalar_key(v):
     raise Uncacheable(type(v).__name__)
 
 
-_GLOBALS: dict = {}     # kernel's Python function -> ((globals dict, name), ...) it reads
+_WALKS: dict = {}       # kernel's Python function -> (functions, ((globals dict, name), ...))
+
+
+def kernel_functions(fn) -> tuple:
+    """The kernel's Python function and those of the @triton.jit functions it calls."""
+    return _walk(fn)[0]
 
 
 def _global_reads(fn) -> tuple:
     """The module globals a kernel and the @triton.jit functions it calls read by name, as
     (globals dict, name): the interpreter reads them at each launch, so their values are part
     of the launch (an engine's platform flag set after import, a constant patched by a test)."""
+    return _walk(fn)[1]
+
+
+def _walk(fn) -> tuple:
     top = getattr(fn, "fn", fn)
-    got = _GLOBALS.get(top)
+    got = _WALKS.get(top)
     if got is not None:
         return got
-    reads, stack, seen = [], [top], set()
+    funcs, reads, stack, seen = [], [], [top], set()
     while stack:
         f = stack.pop()
         if id(f) in seen or not hasattr(f, "__code__"):
             continue
         seen.add(id(f))
+        funcs.append(f)
         g = f.__globals__
-        for name in _code_names(f.__code__):
+        for name in sorted(_code_names(f.__code__)):
             if name not in g:
                 continue
             v = g[name]
@@ -87,7 +99,7 @@ def _global_reads(fn) -> tuple:
             elif not isinstance(v, (types.ModuleType, type, types.FunctionType,
                                     types.BuiltinFunctionType)):
                 reads.append((g, name))
-    got = _GLOBALS[top] = tuple(reads)
+    got = _WALKS[top] = (tuple(funcs), tuple(reads))
     return got
 
 
@@ -104,11 +116,12 @@ class Layout:
     storage-relative layout. `bases` and `sizes`: the argument storages in order of first
     appearance."""
 
-    __slots__ = ("key", "bases", "sizes")
+    __slots__ = ("key", "bases", "sizes", "name")
 
     def __init__(self, fn, grid, args, kwargs):
         if callable(grid):
             raise Uncacheable("grid function")
+        self.name = None              # the key's name in a record folder, once asked
         self.bases: list = []
         self.sizes: list = []
         where: dict = {}
@@ -250,7 +263,8 @@ class Record:
 
 
 class LaunchCache:
-    """Records of interpreted launches, per process (engines outlive sessions in a fuzzer)."""
+    """Records of interpreted launches: in memory per process (engines outlive sessions in a
+    fuzzer), and in a folder shared by processes (launch_store.py)."""
 
     def __init__(self, entries: int = ENTRIES, per_key: int = PER_KEY, nbytes: int = BYTES):
         self._records: collections.OrderedDict = collections.OrderedDict()
@@ -265,7 +279,28 @@ class LaunchCache:
 
     def find(self, layout: Layout, bufs, spans=None) -> Record | None:
         """A record the launch meets; with `spans` (footprints wanted), one whose footprints
-        name the same spans."""
+        name the same spans. Records other processes wrote are read where memory has none."""
+        rec = self._find(layout, bufs, spans)
+        if rec is None:
+            folder = launch_store.current()
+            name = self._name(folder, layout)
+            if name is not None:
+                new = folder.load(name)
+                for parts in reversed(new):
+                    self._remember(layout, Record(*parts))
+                if new:
+                    rec = self._find(layout, bufs, spans)
+        return rec
+
+    @staticmethod
+    def _name(folder, layout: Layout) -> str | None:
+        if folder is None:
+            return None
+        if layout.name is None:
+            layout.name = folder.key_name(layout.key)
+        return layout.name
+
+    def _find(self, layout: Layout, bufs, spans) -> Record | None:
         recs = self._records.get(layout.key)
         if recs is None:
             return None
@@ -278,6 +313,17 @@ class LaunchCache:
         return None
 
     def keep(self, layout: Layout, rec: Record) -> None:
+        """Keep a new record, in memory and, where it has footprints, in the shared folder
+        (a checked launch's record serves a run for values only too, not the other way)."""
+        self._remember(layout, rec)
+        if rec.footprints is None:
+            return
+        folder = launch_store.current()
+        name = self._name(folder, layout)
+        if name is not None:
+            folder.save(name, (rec.loads, rec.stores, rec.footprints, rec.spans))
+
+    def _remember(self, layout: Layout, rec: Record) -> None:
         recs = self._records.get(layout.key)
         if recs is None:
             recs = self._records[layout.key] = collections.deque(maxlen=self._per_key)
@@ -295,8 +341,9 @@ class LaunchCache:
         self.nbytes += sign * sum(r.nbytes for r in recs)
 
     def clear(self) -> None:
-        """Forget every record, and the counts."""
+        """Forget every record in memory, and the counts."""
         self._records.clear()
+        launch_store.forget()
         self.count = self.nbytes = self.hits = self.misses = self.skipped = 0
 
 

@@ -1,6 +1,10 @@
 """Interpreted Triton launches replayed from their exact inputs (instrumentation/launch_cache.py):
 a replay gives the bytes and the footprints an interpretation would, and only where the launch
 loads the same bytes on the same layout."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -10,7 +14,7 @@ import racecheck
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 
-from racecheck.instrumentation import launch_cache, triton_kernels  # noqa: E402
+from racecheck.instrumentation import launch_cache, launch_store, triton_kernels  # noqa: E402
 
 
 @triton.jit
@@ -129,6 +133,8 @@ def test_kernels_that_load_pointers_are_always_interpreted():
 
 def test_records_are_bounded_in_count_and_bytes():
     class L:
+        name = None
+
         def __init__(self, k):
             self.key = k
 
@@ -207,3 +213,77 @@ def test_a_global_the_kernel_reads_is_part_of_the_launch(monkeypatch):
     assert got == [[2.0] * 4, [2.0] * 4, [3.0] * 4]
     assert (launch_cache.CACHE.hits, launch_cache.CACHE.misses) == (1, 2)
     assert [n for _, n in launch_cache._global_reads(gather_twice)] == []
+
+
+# -- records on disk (instrumentation/launch_store.py) ------------------------------------------
+
+def _record_files(root):
+    return sorted(p for p in root.rglob("*.rec"))
+
+
+def test_records_on_disk_serve_another_process_exactly(monkeypatch, tmp_path):
+    monkeypatch.setenv(launch_store.ENV, str(tmp_path))
+    xs, ids = [float(v) for v in range(8)], [5, 4, 3, 2, 1, 0, 7, 7]
+    first, kernels = _gathers([xs], [ids])
+    assert len(_record_files(tmp_path)) == 1
+    launch_cache.CACHE.clear()                     # as a new process: memory empty, disk kept
+    again, replayed = _gathers([xs, xs], [ids, ids])
+    assert (launch_cache.CACHE.hits, launch_cache.CACHE.misses) == (2, 0)
+    assert again == first * 2 and replayed == kernels * 2
+
+
+def test_records_on_disk_can_be_turned_off_and_a_bad_file_is_passed_over(monkeypatch, tmp_path):
+    xs, ids = [float(v) for v in range(8)], [5, 4, 3, 2, 1, 0, 7, 7]
+    monkeypatch.setenv(launch_store.ENV, "off")
+    _gathers([xs], [ids])
+    assert launch_store.current() is None and _record_files(tmp_path) == []
+    monkeypatch.setenv(launch_store.ENV, str(tmp_path))
+    launch_cache.CACHE.clear()
+    want = _gathers([xs], [ids])
+    for p in _record_files(tmp_path):
+        p.write_bytes(b"not a record")
+    launch_cache.CACHE.clear()
+    assert _gathers([xs], [ids]) == want
+    assert (launch_cache.CACHE.hits, launch_cache.CACHE.misses) == (0, 1)
+
+
+def test_a_folder_keeps_few_records_per_key_and_prunes_the_oldest(monkeypatch, tmp_path):
+    monkeypatch.setattr(launch_store, "PER_KEY", 2)
+    folder = launch_store.RecordFolder(str(tmp_path))
+    for i in range(4):
+        folder.save("ab" * 32, (i, (), (), None))
+    assert len(_record_files(tmp_path)) == 2
+    big = tmp_path / "other" / "old.rec"
+    big.parent.mkdir()
+    big.write_bytes(b"x" * 4000)
+    os.utime(big, (1, 1))                          # the oldest file of all
+    launch_store.prune(str(tmp_path), cap=3000)
+    assert not big.exists() and len(_record_files(tmp_path)) == 2
+
+
+_TWICE = r"""
+import sys, torch, racecheck
+sys.path.insert(0, sys.argv[1])
+import test_launch_cache as t
+from racecheck.instrumentation import launch_cache
+outs, kernels = t._gathers([[float(v) for v in range(8)]], [[5, 4, 3, 2, 1, 0, 7, 7]])
+print(launch_cache.CACHE.hits, launch_cache.CACHE.misses, outs, kernels)
+"""
+
+
+def test_a_second_process_replays_what_the_first_recorded(tmp_path):
+    env = dict(os.environ, **{launch_store.ENV: str(tmp_path)})
+    runs = [subprocess.run([sys.executable, "-c", _TWICE, os.path.dirname(__file__)], env=env,
+                           capture_output=True, text=True, check=True).stdout.split(" ", 2)
+            for _ in range(2)]
+    assert runs[0][:2] == ["0", "1"] and runs[1][:2] == ["1", "0"]
+    assert runs[0][2] == runs[1][2]
+
+
+def test_a_run_for_values_only_keeps_its_records_in_memory(monkeypatch, tmp_path):
+    monkeypatch.setenv(launch_store.ENV, str(tmp_path))
+    with racecheck.session(device="sim", route_cuda=True, check=False):
+        x = torch.ones(4, device="cuda")
+        out = torch.zeros(4, device="cuda")
+        scaled_copy[(1,)](x, out, BLOCK=4)
+    assert launch_cache.CACHE.count == 1 and _record_files(tmp_path) == []
