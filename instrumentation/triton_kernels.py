@@ -950,11 +950,11 @@ def _replay_lookup(fn, grid, args, kwargs, spans=None) -> tuple:
     try:
         layout = launch_cache.Layout(fn, grid, args, kwargs)
         hash(layout.key)
+        bufs = layout.buffers()
+        rec = cache.find(layout, bufs, spans)
     except Exception:          # noqa: BLE001 - Uncacheable, an unhashable value: interpreted
         cache.skipped += 1
         return None, None, None
-    bufs = layout.buffers()
-    rec = cache.find(layout, bufs, spans)
     if rec is None:
         cache.misses += 1
     else:
