@@ -296,8 +296,9 @@ class LaunchCache:
     def _name(folder, layout: Layout) -> str | None:
         if folder is None:
             return None
-        if layout.name is None:
-            layout.name = folder.key_name(layout.key)
+        key = layout.key
+        if layout.name is None and isinstance(key, tuple) and key:
+            layout.name = folder.key_name(key, kernel_functions(key[0]))
         return layout.name
 
     def _find(self, layout: Layout, bufs, spans) -> Record | None:

@@ -54,17 +54,15 @@ def _fingerprint() -> str:
 _NAMES: dict = {}      # kernel function -> its name across processes, or None
 
 
-def _kernel_name(fn) -> str | None:
+def _kernel_name(fn, functions) -> str | None:
     """The kernel's module, name and source, with those of the @triton.jit functions it calls
-    (what Triton's own cache key is made of)."""
+    (`functions`; what Triton's own cache key is made of)."""
     got = _NAMES.get(fn, False)
     if got is False:
         import inspect
-
-        from .launch_cache import kernel_functions
         try:
             h = hashlib.sha256()
-            for f in kernel_functions(fn):
+            for f in functions:
                 h.update(f"{f.__module__}.{f.__qualname__}\n{inspect.getsource(f)}".encode())
             got = f"{fn.__module__}.{fn.__qualname__}:{h.hexdigest()}"
         except Exception:      # noqa: BLE001 - no source to name it by: records stay in memory
@@ -83,11 +81,12 @@ class RecordFolder:
         self._read: dict = {}          # key name -> file names read or written
         self._pruned = False
 
-    def key_name(self, key) -> str | None:
-        """A launch key's name across processes (None: kept in memory only)."""
-        if not isinstance(key, tuple) or not key:
+    def key_name(self, key, functions=()) -> str | None:
+        """A launch key's name across processes (None: kept in memory only); `functions`: the
+        kernel's Python function and its @triton.jit callees'."""
+        if not isinstance(key, tuple) or not key or not functions:
             return None
-        kernel = _kernel_name(key[0])
+        kernel = _kernel_name(key[0], functions)
         if kernel is None:
             return None
         return hashlib.sha256(repr((kernel,) + key[1:]).encode()).hexdigest()
