@@ -20,6 +20,8 @@ import pickle
 import sys
 import tempfile
 
+from racecheck.core.files import cache_dir
+
 ENV = "RACECHECK_LAUNCH_RECORDS"
 CAP = 512 << 20             # bytes kept in the folder; the least recently written go first
 PER_KEY = 16                # records kept per kernel and argument layout
@@ -34,8 +36,7 @@ def folder() -> str | None:
         return None
     if v:
         return v
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(root, "racecheck", "triton-launches")
+    return cache_dir("triton-launches")
 
 
 def _fingerprint() -> str:

@@ -780,21 +780,7 @@ class TritonHook:
                 spans.append((st.data_ptr(), st.nbytes(), f.storage, f.host))
 
         def run():
-            layout = bufs = None
-            if LAUNCHES_REPLAYED and not acc.indirect:
-                layout, bufs, rec = _replay_lookup(fn, grid, args, kwargs, spans)
-                if rec is not None:
-                    return rec.replay(bufs, spans, Footprint)
-            log = _AccessLog(launch_cache.Recorder(layout, bufs) if layout is not None else None)
-            _log_tls.log = log
-            try:
-                self._interpret(fn, args, grid, kwargs)
-            finally:
-                _log_tls.log = None
-            fps = log.footprints(spans, reg)
-            if layout is not None:
-                _keep_record(layout, log.recorder, fps, spans)
-            return fps
+            return self._replayed_or_interpreted(fn, args, grid, kwargs, acc.indirect, spans, reg)
 
         def whole():
             reads, writes, unknown = launch_args(acc, fn, args, kwargs)
@@ -806,24 +792,35 @@ class TritonHook:
         return launcher.launch_measured(acc.name, run, whole, keep=keep)
 
     def _values_only(self, fn, args, grid, kwargs):
-        """A launch whose footprints nobody reads: replayed where it can be, else interpreted
-        (recorded for the next one, which costs the address log a checked launch keeps)."""
+        """A launch whose footprints nobody reads."""
+        indirect = analyze(fn, launch_consts(fn, args, kwargs)).indirect
+        self._replayed_or_interpreted(fn, args, grid, kwargs, indirect)
+
+    def _replayed_or_interpreted(self, fn, args, grid, kwargs, indirect, spans=None,
+                                 registry=None):
+        """Replay the record of a launch that loaded these bytes, else interpret the launch and
+        record it for the next one. With a `registry` (a checked launch) the footprints are
+        returned; without, the launch is run for its values only (its record carries none)."""
+        checked = registry is not None
         layout = bufs = None
-        if LAUNCHES_REPLAYED and not analyze(fn, launch_consts(fn, args, kwargs)).indirect:
-            layout, bufs, rec = _replay_lookup(fn, grid, args, kwargs)
+        if LAUNCHES_REPLAYED and not indirect:
+            layout, bufs, rec = _replay_lookup(fn, grid, args, kwargs,
+                                               spans if checked else None)
             if rec is not None:
-                rec.replay(bufs)
-                return None
-        if layout is None:
+                return rec.replay(bufs, spans, Footprint) if checked else rec.replay(bufs)
+        recorder = launch_cache.Recorder(layout, bufs) if layout is not None else None
+        if not checked and recorder is None:
             return self._interpret(fn, args, grid, kwargs)
-        log = _AccessLog(launch_cache.Recorder(layout, bufs))
+        log = _AccessLog(recorder)
         _log_tls.log = log
         try:
             self._interpret(fn, args, grid, kwargs)
         finally:
             _log_tls.log = None
-        _keep_record(layout, log.recorder)
-        return None
+        fps = log.footprints(spans, registry) if checked else None
+        if recorder is not None:
+            _keep_record(layout, recorder, fps, spans or ())
+        return fps
 
     def _interpret(self, fn, args, grid, kwargs):
         """Run the kernel in Triton's CPU interpreter; nested @triton.jit calls are interpreted

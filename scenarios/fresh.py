@@ -28,6 +28,8 @@ import signal
 import sys
 import time
 
+from racecheck.core.files import cache_dir
+
 _WARM: dict = {}        # scenario name -> seconds spent warming this process
 
 
@@ -112,9 +114,8 @@ def _cache_path(sc) -> str | None:
     if not v:
         return None
     import torch
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     key = f"{sc.name}-{v}-py{sys.version_info[0]}.{sys.version_info[1]}-torch{torch.__version__}"
-    return os.path.join(root, "racecheck", "engine-imports", key.replace(os.sep, "_") + ".json")
+    return cache_dir("engine-imports", key.replace(os.sep, "_") + ".json")
 
 
 def _read_list(path) -> list | None:

@@ -1,4 +1,5 @@
-"""The one way racecheck writes a file: atomically, so readers never see half of it.
+"""The one way racecheck writes a file: atomically, so readers never see half of it; and where
+the caches it keeps between runs live.
 
 Traces, reports, baselines and repro records all go through `atomic_open`: a temp file in the
 same folder, renamed over the target once complete. A file that cannot be written is a one-line
@@ -56,3 +57,10 @@ def _file_mode(path: str) -> int:
         mask = os.umask(0)
         os.umask(mask)
         return 0o666 & ~mask
+
+
+def cache_dir(*parts: str) -> str:
+    """A folder under the user's cache (XDG_CACHE_HOME, else ~/.cache) for racecheck's records
+    kept between runs; not created here."""
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(root, "racecheck", *parts)
