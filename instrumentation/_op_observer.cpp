@@ -1,0 +1,277 @@
+// The per-op path below Python's dispatch: a global RecordFunction callback that notes, for
+// every op a TorchDispatchMode would see, the bytes its tensors span, which of them the schema
+// says it writes, and the stream current on its device; no Python frame runs per op.
+//
+// Which ops: the dispatcher fires RecordFunction on every call through it; a dispatch mode
+// sees those that reach the Python key. Above it sit the autograd keys, where they are part
+// of the call (a tensor argument has them and the thread does not exclude them, as inference
+// mode does): there an op whose autograd kernel is CompositeImplicitAutograd is decomposed (the
+// mode sees the ops it calls instead), and a few hand-written autograd kernels (`detach_`)
+// finish the op without passing it on. An op called from inside a seen op's kernel never
+// reaches the mode (it runs below the Python key), nor does one made where the thread
+// excludes the Python key (`torch.tensor` makes its tensors so). `redispatch` fires nothing.
+#include <torch/extension.h>
+#include <ATen/record_function.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+struct TensorNote {
+  int64_t op;           // the op's number (drained ops keep theirs: numbers never restart)
+  int32_t arg;          // argument position; outputs are numbered from 1000
+  bool write;
+  uintptr_t storage;    // the storage's data pointer: the address the bytes start at
+  int64_t storage_nbytes;
+  int64_t offset;       // storage offset, in elements
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+  int64_t itemsize;
+  int8_t device_type;
+  int8_t device_index;
+};
+
+struct OpNote {
+  std::string name;     // "aten::add_.Tensor"
+  uint64_t thread;
+  int64_t stream;       // the stream current on the op's device (0 on the CPU)
+  int8_t device_type;
+  int8_t device_index;
+};
+
+struct Facts {
+  bool known = false;
+  bool decomposed_cpu = false, decomposed_cuda = false, decomposed_other = false;
+  bool absorbed = false;          // an autograd kernel that does not pass the op on
+  std::vector<bool> arg_written;
+  std::string name;
+};
+
+std::mutex lock;
+std::vector<OpNote> ops;
+std::vector<TensorNote> tensors;
+int64_t base = 0;            // the number of ops[0]
+int64_t late = 0;            // outputs of ops drained while they ran (lost)
+std::unordered_map<std::string, Facts> by_op;
+at::CallbackHandle handle = 0;
+thread_local std::vector<int64_t> around;   // per open op: its record, -1 unseen, -2 covered
+
+// Whether the autograd key's kernel for `backend` is CompositeImplicitAutograd's. The
+// dispatcher says so only in its table dump ("AutogradCPU: registered at ... [math kernel]");
+// read once per op.
+bool decomposed(const std::string& table, const char* autograd_key) {
+  const std::string head = std::string(autograd_key) + ": ";
+  size_t at = table.rfind("\n" + head);
+  if (at == std::string::npos) {
+    if (table.compare(0, head.size(), head) != 0) return false;
+    at = 0;
+  }
+  size_t end = table.find('\n', at + 1);
+  std::string line = table.substr(at, end == std::string::npos ? std::string::npos : end - at);
+  return line.find("[math kernel]") != std::string::npos;
+}
+
+// torch/csrc/autograd/VariableTypeManual.cpp: autograd kernels that return without a redispatch
+bool absorbed_by_autograd(const std::string& name) {
+  return name == "aten::detach_" || name == "aten::requires_grad_" ||
+         name == "aten::retain_grad" || name == "aten::set_data" || name == "aten::_backward";
+}
+
+const Facts& facts(const c10::OperatorName& name) {
+  std::string key = name.name + "." + name.overload_name;
+  auto it = by_op.find(key);
+  if (it != by_op.end()) return it->second;
+  Facts f;
+  f.name = key;
+  auto h = c10::Dispatcher::singleton().findSchema(name);
+  if (h) {
+    f.known = true;
+    const std::string table = h->dumpComputedTable();
+    f.decomposed_cpu = decomposed(table, "AutogradCPU");
+    f.decomposed_cuda = decomposed(table, "AutogradCUDA");
+    f.decomposed_other = decomposed(table, "AutogradMeta");
+    f.absorbed = absorbed_by_autograd(name.name);
+    for (const auto& a : h->schema().arguments()) {
+      const auto* ai = a.alias_info();
+      f.arg_written.push_back(ai != nullptr && ai->isWrite());
+    }
+  }
+  return by_op.emplace(std::move(key), std::move(f)).first->second;
+}
+
+bool has_autograd_keys(const at::Tensor& t) {
+  return t.key_set().has_any(c10::autograd_dispatch_keyset);
+}
+
+// Whether the call passes through autograd keys: a tensor argument carries them and the thread
+// does not exclude them.
+bool through_autograd(c10::ArrayRef<const c10::IValue> in) {
+  if (c10::impl::tls_local_dispatch_key_set().excluded_.has_all(c10::autograd_dispatch_keyset))
+    return false;
+  for (const auto& v : in) {
+    if (v.isTensor()) {
+      if (v.toTensor().defined() && has_autograd_keys(v.toTensor())) return true;
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList())
+        if (t.defined() && has_autograd_keys(t)) return true;
+    } else if (v.isList()) {
+      for (const c10::IValue& e : v.toListRef())
+        if (e.isTensor() && e.toTensor().defined() && has_autograd_keys(e.toTensor()))
+          return true;
+    }
+  }
+  return false;
+}
+
+const at::Tensor* first_tensor(c10::ArrayRef<const c10::IValue> in) {
+  for (const auto& v : in) {
+    if (v.isTensor()) {
+      const auto& t = v.toTensor();
+      if (t.defined()) return &t;
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList())
+        if (t.defined()) return &t;
+    }
+  }
+  return nullptr;
+}
+
+void note_tensor(const at::Tensor& t, int64_t op, int32_t arg, bool write) {
+  // a wrapped number (`x * 0.5`) reaches a dispatch mode as the Python number it was
+  if (!t.defined() || !t.has_storage() || t.unsafeGetTensorImpl()->is_wrapped_number()) return;
+  const auto& st = t.storage();
+  tensors.push_back({op, arg, write, reinterpret_cast<uintptr_t>(st.data()),
+                     static_cast<int64_t>(st.nbytes()), t.storage_offset(), t.sizes().vec(),
+                     t.strides().vec(), static_cast<int64_t>(t.element_size()),
+                     static_cast<int8_t>(t.device().type()),
+                     static_cast<int8_t>(t.device().index())});
+}
+
+void note_value(const c10::IValue& v, int64_t op, int32_t arg, bool write) {
+  if (v.isTensor()) {
+    note_tensor(v.toTensor(), op, arg, write);
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList()) note_tensor(t, op, arg, write);
+  } else if (v.isList()) {                      // Tensor?[] (index, index_put_)
+    for (const c10::IValue& e : v.toListRef())
+      if (e.isTensor()) note_tensor(e.toTensor(), op, arg, write);
+  }
+}
+
+int64_t current_stream(const at::Tensor* t) {
+  if (t == nullptr || t->device().is_cpu()) return 0;
+  auto type = t->device().type();
+  if (!c10::impl::hasDeviceGuardImpl(type)) return 0;
+  return c10::impl::getDeviceGuardImpl(type)->getStream(t->device()).id();
+}
+
+std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
+  if (!around.empty() && around.back() != -1) {  // inside a seen op: below the Python key
+    around.push_back(-2);
+    return nullptr;
+  }
+  auto name = fn.operator_name();
+  if (!name || c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python)) {
+    around.push_back(-1);
+    return nullptr;
+  }
+  auto in = fn.inputs();
+  const at::Tensor* lead = first_tensor(in);
+  std::lock_guard<std::mutex> g(lock);
+  const Facts& w = facts(*name);
+  bool seen = w.known;
+  if (seen && through_autograd(in)) {
+    auto dev = lead != nullptr ? lead->device().type() : c10::DeviceType::CPU;
+    bool dec = dev == c10::DeviceType::CPU ? w.decomposed_cpu
+             : dev == c10::DeviceType::CUDA ? w.decomposed_cuda : w.decomposed_other;
+    seen = !dec && !w.absorbed;
+  }
+  if (!seen) {
+    around.push_back(-1);
+    return nullptr;
+  }
+  int64_t op = base + static_cast<int64_t>(ops.size());
+  ops.push_back({w.name, fn.threadId(), current_stream(lead),
+                 static_cast<int8_t>(lead ? lead->device().type() : c10::DeviceType::CPU),
+                 static_cast<int8_t>(lead ? lead->device().index() : -1)});
+  for (size_t i = 0; i < in.size(); i++)
+    note_value(in[i], op, static_cast<int32_t>(i), i < w.arg_written.size() && w.arg_written[i]);
+  around.push_back(op);
+  return nullptr;
+}
+
+void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
+  if (around.empty()) return;
+  int64_t op = around.back();
+  around.pop_back();
+  if (op < 0) return;
+  std::lock_guard<std::mutex> g(lock);
+  if (op < base) {
+    late++;
+    return;
+  }
+  const auto& out = fn.outputs();
+  for (size_t i = 0; i < out.size(); i++)
+    note_value(out[i], op, 1000 + static_cast<int32_t>(i), true);
+}
+
+void start() {
+  if (handle != 0) return;
+  handle = at::addGlobalCallback(at::RecordFunctionCallback(on_enter, on_exit)
+                                     .needsInputs(true)
+                                     .needsOutputs(true)
+                                     .scopes({at::RecordScope::FUNCTION}));
+}
+
+void stop() {
+  if (handle == 0) return;
+  at::removeCallback(handle);
+  handle = 0;
+}
+
+// (name, thread, stream, (device type, index), [(arg, write, storage, storage bytes, offset,
+// sizes, strides, itemsize, (device type, index))]) per op seen since the last drain.
+pybind11::list drain() {
+  std::vector<OpNote> got_ops;
+  std::vector<TensorNote> got_tensors;
+  int64_t first;
+  {
+    std::lock_guard<std::mutex> g(lock);
+    got_ops.swap(ops);
+    got_tensors.swap(tensors);
+    first = base;
+    base += static_cast<int64_t>(got_ops.size());
+  }
+  std::vector<pybind11::list> per_op(got_ops.size());
+  for (const auto& t : got_tensors) {
+    per_op[t.op - first].append(pybind11::make_tuple(
+        t.arg, t.write, t.storage, t.storage_nbytes, t.offset, pybind11::tuple(pybind11::cast(t.sizes)),
+        pybind11::tuple(pybind11::cast(t.strides)), t.itemsize,
+        pybind11::make_tuple(t.device_type, t.device_index)));
+  }
+  pybind11::list out;
+  for (size_t i = 0; i < got_ops.size(); i++) {
+    const auto& o = got_ops[i];
+    out.append(pybind11::make_tuple(o.name, o.thread, o.stream,
+                                    pybind11::make_tuple(o.device_type, o.device_index),
+                                    per_op[i]));
+  }
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "Ops a dispatch mode would see, noted below Python's dispatch";
+  m.def("start", &start);
+  m.def("stop", &stop);
+  m.def("drain", &drain);
+  m.def("active", [] { return handle != 0; });
+  m.def("late", [] { return late; });
+}

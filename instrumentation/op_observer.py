@@ -1,0 +1,174 @@
+"""Ops noted below Python's dispatch: a C++ RecordFunction callback (`_op_observer.cpp`).
+
+A TorchDispatchMode costs a Python frame per op before racecheck does anything (1.7x plain on
+an eager decode step on an H100); a global RecordFunction callback that reads the same facts
+costs about 1.2x. This module builds that callback as a torch C++ extension, against the torch
+it runs with, into the user's cache (once per torch, Python and source), and reads what it
+noted as `OpSeen` records: the ops a dispatch mode would see, in order, with every tensor's
+storage, geometry and whether the schema writes it. The dispatch-mode interceptor stays the
+reference and the path where the extension cannot be built.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+from typing import NamedTuple
+
+from racecheck.core.files import cache_dir
+
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_op_observer.cpp")
+NAME = "racecheck_op_observer"
+ENV = "RACECHECK_OP_OBSERVER_DIR"        # where the built extension goes (default: user cache)
+
+
+class TensorSeen(NamedTuple):
+    arg: int            # argument position; outputs from OUTPUT on
+    write: bool
+    storage: int        # the storage's data pointer
+    storage_nbytes: int
+    offset: int         # in elements
+    sizes: tuple
+    strides: tuple
+    itemsize: int
+    device: tuple       # (c10 device type, index)
+
+    @property
+    def is_output(self) -> bool:
+        return self.arg >= OUTPUT
+
+
+class OpSeen(NamedTuple):
+    name: str           # "aten::add_.Tensor" (overload after the dot; "" for the default)
+    thread: int
+    stream: int         # the stream current on the op's device when it was called
+    device: tuple
+    tensors: tuple
+
+
+OUTPUT = 1000
+
+
+class BuildError(RuntimeError):
+    """The extension could not be built here (no compiler, no torch headers)."""
+
+
+_module = None
+_why_not: str | None = None
+
+
+def _folder() -> str:
+    import torch
+    with open(SOURCE, "rb") as fh:
+        src = hashlib.sha256(fh.read()).hexdigest()[:16]
+    key = f"torch{torch.__version__}-py{sys.version_info[0]}.{sys.version_info[1]}-{src}"
+    return os.path.join(os.environ.get(ENV) or cache_dir("op-observer"), key.replace(os.sep, "_"))
+
+
+def _built(folder: str) -> str | None:
+    if not os.path.isdir(folder):
+        return None
+    for fn in os.listdir(folder):
+        if fn.startswith(NAME) and fn.endswith((".so", ".pyd")):
+            return os.path.join(folder, fn)
+    return None
+
+
+_SETUP = """
+import sys
+from setuptools import setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+setup(name={name!r}, packages=[], py_modules=[], ext_modules=[CppExtension({name!r}, [{src!r}],
+      extra_compile_args=["-O2", "-DNDEBUG"])],
+      cmdclass={{"build_ext": BuildExtension.with_options(use_ninja=False)}},
+      script_args=["-q", "build_ext", "--build-lib", {out!r}, "--build-temp", {tmp!r}])
+"""
+
+
+def build(folder: str | None = None) -> str:
+    """Compile the extension (about a minute on two cores) unless built; its path."""
+    folder = folder or _folder()
+    found = _built(folder)
+    if found:
+        return found
+    os.makedirs(os.path.dirname(folder), exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".build-", dir=os.path.dirname(folder))
+    code = _SETUP.format(name=NAME, src=SOURCE, out=staging, tmp=os.path.join(staging, "tmp"))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=staging)
+    built = _built(staging)
+    if done.returncode != 0 or built is None:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise BuildError(f"building the op observer failed: {tail[0]}")
+    os.makedirs(folder, exist_ok=True)
+    target = os.path.join(folder, os.path.basename(built))
+    os.replace(built, target)            # atomic: another process may be building it too
+    subprocess.run(["rm", "-rf", staging], check=False)
+    return target
+
+
+def load():
+    """The extension module, built if needed; None where it cannot be (`why_not` says why)."""
+    global _module, _why_not
+    if _module is not None or _why_not is not None:
+        return _module
+    try:
+        import torch  # noqa: F401 - libtorch's symbols first
+        path = build()
+        spec = importlib.util.spec_from_file_location(NAME, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        _module = mod
+    except Exception as exc:       # noqa: BLE001 - the dispatch-mode path stays
+        _why_not = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return _module
+
+
+def why_not() -> str | None:
+    return _why_not
+
+
+class Observer:
+    """Notes the ops a dispatch mode would see while it is open; `drain()` hands them over in
+    order. One at a time per process (the callback is global)."""
+
+    def __init__(self):
+        mod = load()
+        if mod is None:
+            raise BuildError(_why_not or "the op observer is not available")
+        self._mod = mod
+
+    def __enter__(self) -> "Observer":
+        if self._mod.active():
+            raise RuntimeError("an op observer is already open in this process")
+        self._mod.drain()
+        self._mod.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._mod.stop()
+
+    def drain(self) -> list:
+        return [OpSeen(name, thread, stream, device,
+                       tuple(TensorSeen(*t) for t in tensors))
+                for name, thread, stream, device, tensors in self._mod.drain()]
+
+    @property
+    def late(self) -> int:
+        """Outputs of ops drained while they still ran (not noted)."""
+        return self._mod.late()
+
+
+@contextlib.contextmanager
+def observing():
+    """`with observing() as seen:` the ops seen inside, in `seen` once the block ends."""
+    seen: list = []
+    with Observer() as obs:
+        try:
+            yield seen
+        finally:
+            seen.extend(obs.drain())

@@ -1,0 +1,209 @@
+"""The C++ op observer notes exactly the ops a TorchDispatchMode sees, with the same tensors.
+
+Differential: each program runs once with the observer on and a dispatch mode that logs what it
+is handed; the two logs must be equal op for op: name, and every tensor's argument position,
+write flag, storage, offset and geometry. One exception, by construction: an op that an autograd
+kernel calls around passing its own op on (saving an output for backward: `detach`) is nested
+in that op's RecordFunction and not noted; such ops are views (no bytes read or written).
+Without a mode a program takes some other paths (`reshape` views with `_reshape_alias` instead
+of `view`); the observer alone is compared with that difference allowed.
+"""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from racecheck.instrumentation import op_observer
+
+OUTPUT = op_observer.OUTPUT
+
+
+@pytest.fixture(scope="module")
+def observer_module():
+    mod = op_observer.load()
+    if mod is None:
+        if shutil.which("c++") or shutil.which("g++"):
+            pytest.fail(f"the op observer did not build: {op_observer.why_not()}")
+        pytest.skip("no C++ compiler")
+    return mod
+
+
+class Logged(TorchDispatchMode):
+    """What a dispatch mode is handed, in the observer's terms."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        schema = func._schema
+        notes = []
+        for i, a in enumerate(schema.arguments):
+            v = args[i] if i < len(args) and not a.kwarg_only else kwargs.get(a.name)
+            write = a.alias_info is not None and a.alias_info.is_write
+            notes += _tensors(v, i, write)
+        out = func(*args, **kwargs)
+        outs = tuple(out) if len(schema.returns) > 1 else (out,)
+        for j, v in enumerate(outs):
+            notes += _tensors(v, OUTPUT + j, True)
+        self.ops.append((f"{schema.name}.{schema.overload_name}", notes))
+        return out
+
+
+def _tensors(v, arg, write):
+    if isinstance(v, torch.Tensor):
+        return [_note(v, arg, write)]
+    if isinstance(v, (list, tuple)):
+        return [_note(t, arg, write) for t in v if isinstance(t, torch.Tensor)]
+    return []
+
+
+def _note(t, arg, write):
+    st = t.untyped_storage()
+    return (arg, write, st.data_ptr(), st.nbytes(), t.storage_offset(), tuple(t.shape),
+            tuple(t.stride()), t.element_size())
+
+
+def _observed(program):
+    with op_observer.observing() as seen:
+        program()
+    return _notes(seen)
+
+
+def _notes(seen):
+    return [(op.name, [(t.arg, t.write, t.storage, t.storage_nbytes, t.offset, t.sizes,
+                        t.strides, t.itemsize) for t in op.tensors]) for op in seen]
+
+
+def _both(program):
+    """(what the mode saw, what the observer noted) in one run of `program`."""
+    with op_observer.observing() as seen:
+        with Logged() as mode:
+            program()
+    return mode.ops, _notes(seen)
+
+
+def _moded(program):
+    with Logged() as mode:
+        program()
+    return mode.ops
+
+
+def _decode_step():
+    torch.manual_seed(0)
+    hidden, heads, vocab, bs = 16, 2, 32, 3
+    emb = torch.randn(vocab, hidden)
+    wq = torch.randn(hidden, hidden)
+    wo = torch.randn(hidden, hidden, dtype=torch.float32)
+    kv = torch.zeros(8, hidden)
+    ids = torch.tensor([1, 5, 7])
+    loc = torch.tensor([2, 3, 6])
+    with torch.no_grad():
+        x = F.embedding(ids, emb)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        q = F.linear(x, wq)
+        kv[loc] = q
+        k = kv.view(8, heads, -1).transpose(0, 1)
+        scores = q.view(bs, heads, -1).transpose(0, 1) @ k.transpose(1, 2)
+        p = torch.softmax(scores.float(), dim=-1)
+        o = (p @ k).transpose(0, 1).reshape(bs, hidden)
+        logits = F.linear(o, wo) @ emb.t()
+        nxt = torch.argmax(logits, dim=-1)
+        seq_lens = torch.zeros(bs, dtype=torch.int64)
+        seq_lens.add_(1)
+        torch.cat([ids, nxt]).tolist()
+        return int(nxt.sum().item())
+
+
+def _index_and_copy():
+    a = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    idx = torch.tensor([3, 0])
+    a.index_fill_(0, idx, -1.0)
+    b = a.index_select(1, torch.tensor([5, 1]))
+    c = torch.empty(4, 2)
+    c.copy_(b)
+    a[:, 2:4] = c
+    m = a > 0
+    a.masked_fill_(~m, 0)
+    torch.where(m, a, torch.zeros_like(a)).nonzero()
+    a.scatter_(1, torch.tensor([[0], [1], [2], [3]]), 7.0)
+    out = torch.empty(4, 6)
+    torch.mul(a, 2, out=out)
+    torch.stack([a, out]).sum(0)
+    a.clone().to(torch.float64).contiguous()
+
+
+def _with_autograd():
+    w = torch.randn(5, 3, requires_grad=True)
+    x = torch.randn(2, 5)
+    y = (x @ w).relu().sum()
+    y.backward()
+    w.grad.zero_()
+
+
+def _foreach_and_lists():
+    xs = [torch.ones(3), torch.ones(2)]
+    ys = [torch.zeros(3), torch.zeros(2)]
+    torch._foreach_copy_(ys, xs)
+    torch._foreach_add_(ys, 1.0)
+    torch.split(torch.arange(10), [3, 7])
+    torch.chunk(torch.arange(9), 3)
+    torch.tensor([[1, 2], [3, 4]]).unbind(0)
+
+
+def _inference_mode():
+    with torch.inference_mode():
+        a = torch.randn(3, 4)
+        b = a.softmax(-1).log()
+        b.add_(a).mul_(0.5).clamp_(min=-1)
+
+
+PROGRAMS = [_decode_step, _index_and_copy, _with_autograd, _foreach_and_lists, _inference_mode]
+
+
+VIEWS_AN_AUTOGRAD_KERNEL_MAKES = {"aten::detach."}
+
+
+@pytest.mark.parametrize("program", PROGRAMS, ids=lambda p: p.__name__.strip("_"))
+def test_observer_sees_what_a_dispatch_mode_sees(observer_module, program):
+    want, got = _both(program)
+    j = 0
+    for op in want:
+        if j < len(got) and got[j] == op:
+            j += 1
+        else:
+            assert op[0] in VIEWS_AN_AUTOGRAD_KERNEL_MAKES, (op, got[j:j + 1])
+    assert j == len(got), got[j:]
+
+
+def test_without_a_mode_only_the_paths_a_mode_changes_differ(observer_module):
+    def names(ops):
+        return [{"aten::_reshape_alias.": "aten::view."}.get(n, n) for n, _ in ops]
+    assert names(_observed(_decode_step)) == names(_moded(_decode_step))
+
+
+def test_nested_ops_are_not_seen(observer_module):
+    """`linear` is composite: its `t` and `addmm` are seen, not the ops `addmm` calls inside."""
+    x, w, b = torch.randn(2, 4), torch.randn(3, 4), torch.randn(3)
+    got = [n for n, _ in _observed(lambda: F.linear(x, w, b))]
+    assert got == ["aten::t.", "aten::addmm."]
+
+
+def test_schema_write_flags(observer_module):
+    a, b = torch.zeros(3), torch.ones(3)
+    [(name, notes)] = _observed(lambda: a.add_(b))
+    assert name == "aten::add_.Tensor"
+    assert [(arg, write) for arg, write, *_ in notes] == [(0, True), (1, False), (OUTPUT, True)]
+
+
+def test_off_outside_the_block(observer_module):
+    with op_observer.observing() as seen:
+        pass
+    torch.ones(2).add(1)
+    assert seen == []
+    assert not observer_module.active()
