@@ -13,7 +13,9 @@ Workloads:
 
 `--in-process` runs plain, the do-nothing mode and racecheck in one process instead, a timed block
 of each in turn (15 rounds by default), and gives the median of the per-round ratios: on a shared
-host whose speed drifts between processes, the figure to read.
+host whose speed drifts between processes, the figure to read. `--observer` adds the op observer
+below Python's dispatch (instrumentation/op_observer.py) noting every op, its notes handed to
+Python once per step: the floor of a per-op path without a dispatch mode.
 
 racecheck runs with its defaults (on `cuda`: the device module's wrappers, torch's GPU trace off,
 the C hot path where it was built); `racecheck-py` the same with the C hot path off (the Python
@@ -171,7 +173,19 @@ def _split_mode(ctx, config):
         yield
 
 
-def in_process(workloads, rounds: int, iters: int, split: bool = False) -> list:
+@contextlib.contextmanager
+def _observed():
+    """The op observer on, its notes drained raw each step (what handing them over costs)."""
+    from racecheck.instrumentation import op_observer
+    mod = op_observer.load()
+    if mod is None:
+        raise SystemExit(f"the op observer did not build: {op_observer.why_not()}")
+    with op_observer.Observer():
+        yield mod
+
+
+def in_process(workloads, rounds: int, iters: int, split: bool = False,
+               observer: bool = False) -> list:
     """plain, the do-nothing mode and racecheck in one process, a timed block of each in turn,
     `rounds` times: each round's ratios compare blocks run within a fraction of a second of each
     other on the same CPU, which a shared host's drift between processes does not reach (none of
@@ -185,6 +199,8 @@ def in_process(workloads, rounds: int, iters: int, split: bool = False) -> list:
                 "racecheck": lambda: racecheck.session(device="cuda")}
     if split:
         contexts["racecheck-off"] = contexts["racecheck-unchecked"] = contexts["racecheck"]
+    if observer:
+        contexts["op-observer"] = _observed
     rows = []
     for workload in workloads:
         per = {c: [] for c in contexts}
@@ -193,6 +209,8 @@ def in_process(workloads, rounds: int, iters: int, split: bool = False) -> list:
                 with make() as ctx, _split_mode(ctx, config):
                     step, graph_factory = _decode_step_factory(torch, torch.cuda)
                     fn = step if workload == "eager" else graph_factory()
+                    if config == "op-observer":
+                        fn = _draining(fn, ctx)
                     for _ in range(20):
                         fn()
                     per[config].append(timed_blocks(fn, iters, torch.cuda.synchronize, blocks=1))
@@ -204,6 +222,14 @@ def in_process(workloads, rounds: int, iters: int, split: bool = False) -> list:
                          "ms_per_iter": statistics.median(xs) * 1e3,
                          **{f"x_{b}_rounds": [m / n for m, n in zip(xs, ys)] for b, ys in base.items()}})
     return rows
+
+
+def _draining(fn, mod):
+    def step():
+        out = fn()
+        mod.drain()
+        return out
+    return step
 
 
 def timed_blocks(fn, iters, sync, blocks=BLOCKS) -> float:
@@ -264,6 +290,8 @@ def main(argv=None) -> int:
     p.add_argument("--split", action="store_true",
                    help="with --in-process: also racecheck with checking off, and with its events "
                    "dropped unchecked (the dispatch floor, emission, checking)")
+    p.add_argument("--observer", action="store_true",
+                   help="with --in-process: also the op observer below Python's dispatch")
     p.add_argument("--configs", default=",".join(CONFIGS),
                    help=f"comma-separated, of {', '.join(CONFIGS + OPTIONAL)}")
     args = p.parse_args(argv)
@@ -284,7 +312,7 @@ def main(argv=None) -> int:
     iters = 50 if args.quick else 300
     if args.in_process:
         rows = in_process([w for w in WORKLOADS if w in workloads], args.rounds or 15, iters,
-                          split=args.split)
+                          split=args.split, observer=args.observer)
         print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  in one process, "
               f"rounds {args.rounds or 15}  cpus {args.cpus or 'any'}")
         print(f"{'workload':10s} {'config':19s} {'ms/iter':>10s} {'x plain':>8s} {'x noop':>7s}  "

@@ -207,3 +207,46 @@ def test_off_outside_the_block(observer_module):
     torch.ones(2).add(1)
     assert seen == []
     assert not observer_module.active()
+
+
+class LoggedStreams(Logged):
+    """Also the stream current on the op's device, as the observer notes it."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.streams.append(torch.cuda.current_stream().stream_id)
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+    def __init__(self):
+        super().__init__()
+        self.streams = []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")
+def test_cuda_ops_and_their_streams(observer_module):
+    """On the device: the decode step's ops with a plan stream, each op's stream as torch has it."""
+    plan = torch.cuda.Stream()
+    ready = torch.cuda.Event()
+
+    def program():
+        x = torch.randn(8, 64, device="cuda")
+        w = torch.randn(64, 64, device="cuda")
+        positions = torch.zeros(8, dtype=torch.int64, device="cuda")
+        plan_buf = torch.zeros(8, dtype=torch.int64, device="cuda")
+        plan.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(plan):
+            plan_buf.copy_(positions + 1)
+        ready.record(plan)
+        h = torch.relu(x @ w)
+        torch.cuda.current_stream().wait_event(ready)
+        positions.copy_(plan_buf)
+        return (h + positions.unsqueeze(1).to(h.dtype))[0, 0].item()
+
+    with op_observer.observing() as seen:
+        with LoggedStreams() as mode:
+            program()
+    got = [(op.name, op.stream) for op in seen]
+    want = [(name, s) for (name, _), s in zip(mode.ops, mode.streams)]
+    assert got == want
+    assert {s for _, s in got} == {torch.cuda.default_stream().stream_id, plan.stream_id}
+    assert _notes(seen) == mode.ops
