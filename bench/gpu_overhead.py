@@ -15,7 +15,8 @@ Workloads:
 of each in turn (15 rounds by default), and gives the median of the per-round ratios: on a shared
 host whose speed drifts between processes, the figure to read. `--observer` adds the op observer
 below Python's dispatch (instrumentation/op_observer.py) noting every op, its notes handed to
-Python once per step: the floor of a per-op path without a dispatch mode.
+Python once per step, without and with each op's stack: the floor of a per-op path without a
+dispatch mode.
 
 racecheck runs with its defaults (on `cuda`: the device module's wrappers, torch's GPU trace off,
 the C hot path where it was built); `racecheck-py` the same with the C hot path off (the Python
@@ -174,13 +175,14 @@ def _split_mode(ctx, config):
 
 
 @contextlib.contextmanager
-def _observed():
-    """The op observer on, its notes drained raw each step (what handing them over costs)."""
+def _observed(stacks=False):
+    """The op observer on, its notes drained raw each step (what handing them over costs);
+    `stacks`: each op's frames captured too (the GIL taken per op)."""
     from racecheck.instrumentation import op_observer
     mod = op_observer.load()
     if mod is None:
         raise SystemExit(f"the op observer did not build: {op_observer.why_not()}")
-    with op_observer.Observer():
+    with op_observer.Observer(stacks=stacks):
         yield mod
 
 
@@ -201,6 +203,7 @@ def in_process(workloads, rounds: int, iters: int, split: bool = False,
         contexts["racecheck-off"] = contexts["racecheck-unchecked"] = contexts["racecheck"]
     if observer:
         contexts["op-observer"] = _observed
+        contexts["op-observer-stacks"] = lambda: _observed(stacks=True)
     rows = []
     for workload in workloads:
         per = {c: [] for c in contexts}
@@ -209,7 +212,7 @@ def in_process(workloads, rounds: int, iters: int, split: bool = False,
                 with make() as ctx, _split_mode(ctx, config):
                     step, graph_factory = _decode_step_factory(torch, torch.cuda)
                     fn = step if workload == "eager" else graph_factory()
-                    if config == "op-observer":
+                    if config.startswith("op-observer"):
                         fn = _draining(fn, ctx)
                     for _ in range(20):
                         fn()

@@ -11,6 +11,7 @@
 // reaches the mode (it runs below the Python key), nor does one made where the thread
 // excludes the Python key (`torch.tensor` makes its tensors so). `redispatch` fires nothing.
 #include <torch/extension.h>
+#include <Python.h>
 #include <ATen/record_function.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -43,6 +44,7 @@ struct OpNote {
   int64_t stream;       // the stream current on the op's device (0 on the CPU)
   int8_t device_type;
   int8_t device_index;
+  PyObject* stack;      // what the stack capture returned (owned), or null
 };
 
 struct Facts {
@@ -60,6 +62,8 @@ int64_t base = 0;            // the number of ops[0]
 int64_t late = 0;            // outputs of ops drained while they ran (lost)
 std::unordered_map<std::string, Facts> by_op;
 at::CallbackHandle handle = 0;
+PyObject* capture = nullptr;     // racecheck's stack capture, called as capture(limit, 1)
+PyObject* capture_args[2] = {nullptr, nullptr};
 thread_local std::vector<int64_t> around;   // per open op: its record, -1 unseen, -2 covered
 
 // Whether the autograd key's kernel for `backend` is CompositeImplicitAutograd's. The
@@ -183,8 +187,8 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   }
   auto in = fn.inputs();
   const at::Tensor* lead = first_tensor(in);
-  std::lock_guard<std::mutex> g(lock);
-  const Facts& w = facts(*name);
+  std::unique_lock<std::mutex> g(lock);
+  const Facts& w = facts(*name);     // stays put: an unordered_map's elements never move
   bool seen = w.known;
   if (seen && through_autograd(in)) {
     auto dev = lead != nullptr ? lead->device().type() : c10::DeviceType::CPU;
@@ -196,10 +200,20 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     around.push_back(-1);
     return nullptr;
   }
+  std::string op_name = w.name;
+  g.unlock();
+  PyObject* stack = nullptr;
+  if (capture != nullptr) {                    // the program's frames, as a dispatch mode's
+    PyGILState_STATE gil = PyGILState_Ensure();  // entry would capture them
+    stack = PyObject_Vectorcall(capture, capture_args, 2, nullptr);
+    if (stack == nullptr) PyErr_Clear();
+    PyGILState_Release(gil);
+  }
+  g.lock();
   int64_t op = base + static_cast<int64_t>(ops.size());
-  ops.push_back({w.name, fn.threadId(), current_stream(lead),
+  ops.push_back({std::move(op_name), fn.threadId(), current_stream(lead),
                  static_cast<int8_t>(lead ? lead->device().type() : c10::DeviceType::CPU),
-                 static_cast<int8_t>(lead ? lead->device().index() : -1)});
+                 static_cast<int8_t>(lead ? lead->device().index() : -1), stack});
   for (size_t i = 0; i < in.size(); i++)
     note_value(in[i], op, static_cast<int32_t>(i), i < w.arg_written.size() && w.arg_written[i]);
   around.push_back(op);
@@ -221,8 +235,13 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
     note_value(out[i], op, 1000 + static_cast<int32_t>(i), true);
 }
 
-void start() {
+void start(pybind11::object capture_fn, int limit) {
   if (handle != 0) return;
+  if (!capture_fn.is_none()) {
+    capture = capture_fn.inc_ref().ptr();
+    capture_args[0] = PyLong_FromLong(limit);
+    capture_args[1] = PyLong_FromLong(1);       // frame 1: the program's, no frame of ours
+  }
   handle = at::addGlobalCallback(at::RecordFunctionCallback(on_enter, on_exit)
                                      .needsInputs(true)
                                      .needsOutputs(true)
@@ -233,6 +252,9 @@ void stop() {
   if (handle == 0) return;
   at::removeCallback(handle);
   handle = 0;
+  Py_CLEAR(capture);
+  Py_CLEAR(capture_args[0]);
+  Py_CLEAR(capture_args[1]);
 }
 
 // (name, thread, stream, (device type, index), [(arg, write, storage, storage bytes, offset,
@@ -258,9 +280,11 @@ pybind11::list drain() {
   pybind11::list out;
   for (size_t i = 0; i < got_ops.size(); i++) {
     const auto& o = got_ops[i];
+    pybind11::object stack = o.stack != nullptr
+        ? pybind11::reinterpret_steal<pybind11::object>(o.stack) : pybind11::none();
     out.append(pybind11::make_tuple(o.name, o.thread, o.stream,
                                     pybind11::make_tuple(o.device_type, o.device_index),
-                                    per_op[i]));
+                                    per_op[i], stack));
   }
   return out;
 }
@@ -269,7 +293,8 @@ pybind11::list drain() {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Ops a dispatch mode would see, noted below Python's dispatch";
-  m.def("start", &start);
+  m.def("start", &start, pybind11::arg("capture") = pybind11::none(),
+        pybind11::arg("limit") = 6);
   m.def("stop", &stop);
   m.def("drain", &drain);
   m.def("active", [] { return handle != 0; });

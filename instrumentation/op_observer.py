@@ -48,6 +48,7 @@ class OpSeen(NamedTuple):
     stream: int         # the stream current on the op's device when it was called
     device: tuple
     tensors: tuple
+    stack: tuple | None  # the program's frames (racecheck's stack capture), where asked for
 
 
 OUTPUT = 1000
@@ -134,28 +135,33 @@ def why_not() -> str | None:
 
 class Observer:
     """Notes the ops a dispatch mode would see while it is open; `drain()` hands them over in
-    order. One at a time per process (the callback is global)."""
+    order. One at a time per process (the callback is global). `stacks`: each op also gets the
+    program's frames as racecheck's per-op path captures them (the GIL taken per op)."""
 
-    def __init__(self):
+    def __init__(self, stacks: bool = False, limit: int = 6):
         mod = load()
         if mod is None:
             raise BuildError(_why_not or "the op observer is not available")
         self._mod = mod
+        self._capture = None
+        if stacks:
+            from . import stacks as stack_capture
+            self._capture = stack_capture.capture
+        self._limit = limit
 
     def __enter__(self) -> "Observer":
         if self._mod.active():
             raise RuntimeError("an op observer is already open in this process")
         self._mod.drain()
-        self._mod.start()
+        self._mod.start(self._capture, self._limit)
         return self
 
     def __exit__(self, *exc) -> None:
         self._mod.stop()
 
     def drain(self) -> list:
-        return [OpSeen(name, thread, stream, device,
-                       tuple(TensorSeen(*t) for t in tensors))
-                for name, thread, stream, device, tensors in self._mod.drain()]
+        return [OpSeen(name, thread, stream, device, tuple(TensorSeen(*t) for t in tensors), stack)
+                for name, thread, stream, device, tensors, stack in self._mod.drain()]
 
     @property
     def late(self) -> int:
@@ -164,10 +170,10 @@ class Observer:
 
 
 @contextlib.contextmanager
-def observing():
+def observing(stacks: bool = False):
     """`with observing() as seen:` the ops seen inside, in `seen` once the block ends."""
     seen: list = []
-    with Observer() as obs:
+    with Observer(stacks) as obs:
         try:
             yield seen
         finally:

@@ -250,3 +250,21 @@ def test_cuda_ops_and_their_streams(observer_module):
     assert got == want
     assert {s for _, s in got} == {torch.cuda.default_stream().stream_id, plan.stream_id}
     assert _notes(seen) == mode.ops
+
+
+def test_stacks_are_the_dispatch_paths(observer_module):
+    """Each op's frames are what racecheck's per-op path captures: the program's line."""
+    from racecheck.core.trace import frame_info
+
+    a = torch.zeros(4)
+
+    def program():
+        a.add_(1)                                   # the line
+        return torch.relu(a)
+    with op_observer.observing(stacks=True) as seen:
+        program()
+    lines = {op.name: frame_info(op.stack[0]) for op in seen}
+    first = program.__code__.co_firstlineno
+    assert lines["aten::add_.Tensor"][1:] == (first + 1, "program")
+    assert lines["aten::relu."][1:] == (first + 2, "program")
+    assert all(len(op.stack) >= 2 for op in seen)   # the test function's frame too
