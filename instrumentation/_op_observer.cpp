@@ -203,9 +203,10 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   std::string op_name = w.name;
   g.unlock();
   PyObject* stack = nullptr;
-  if (capture != nullptr) {                    // the program's frames, as a dispatch mode's
+  PyObject* capture_fn = capture;
+  if (capture_fn != nullptr) {                 // the program's frames, as a dispatch mode's
     PyGILState_STATE gil = PyGILState_Ensure();  // entry would capture them
-    stack = PyObject_Vectorcall(capture, capture_args, 2, nullptr);
+    stack = PyObject_Vectorcall(capture_fn, capture_args, 2, nullptr);
     if (stack == nullptr) PyErr_Clear();
     PyGILState_Release(gil);
   }
@@ -237,10 +238,14 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
 
 void start(pybind11::object capture_fn, int limit) {
   if (handle != 0) return;
+  // The capture function and its arguments are never released: a callback still running on
+  // another thread when `stop` returns may be about to call them.
   if (!capture_fn.is_none()) {
-    capture = capture_fn.inc_ref().ptr();
     capture_args[0] = PyLong_FromLong(limit);
     capture_args[1] = PyLong_FromLong(1);       // frame 1: the program's, no frame of ours
+    capture = capture_fn.inc_ref().ptr();
+  } else {
+    capture = nullptr;
   }
   handle = at::addGlobalCallback(at::RecordFunctionCallback(on_enter, on_exit)
                                      .needsInputs(true)
@@ -252,9 +257,7 @@ void stop() {
   if (handle == 0) return;
   at::removeCallback(handle);
   handle = 0;
-  Py_CLEAR(capture);
-  Py_CLEAR(capture_args[0]);
-  Py_CLEAR(capture_args[1]);
+  capture = nullptr;
 }
 
 // (name, thread, stream, (device type, index), [(arg, write, storage, storage bytes, offset,
