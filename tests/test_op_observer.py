@@ -268,3 +268,21 @@ def test_stacks_are_the_dispatch_paths(observer_module):
     assert lines["aten::add_.Tensor"][1:] == (first + 1, "program")
     assert lines["aten::relu."][1:] == (first + 2, "program")
     assert all(len(op.stack) >= 2 for op in seen)   # the test function's frame too
+
+
+def test_ops_of_every_thread_with_their_own_nesting(observer_module):
+    """The callback is global: another thread's ops are noted too, each thread's nesting apart."""
+    import threading
+
+    a = torch.zeros(4)
+    b = torch.zeros(4)
+    with op_observer.observing() as seen:
+        t = threading.Thread(target=lambda: F.linear(b.view(1, 4), torch.ones(2, 4)))
+        t.start()
+        t.join()
+        a.add_(1)
+    by_thread: dict = {}
+    for op in seen:
+        by_thread.setdefault(op.thread, []).append(op.name)
+    assert sorted(by_thread.values()) == sorted([
+        ["aten::view.", "aten::ones.", "aten::t.", "aten::mm."], ["aten::add_.Tensor"]])
