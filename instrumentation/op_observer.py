@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -98,18 +99,21 @@ def build(folder: str | None = None) -> str:
         return found
     os.makedirs(os.path.dirname(folder), exist_ok=True)
     staging = tempfile.mkdtemp(prefix=".build-", dir=os.path.dirname(folder))
-    code = _SETUP.format(name=NAME, src=SOURCE, out=staging, tmp=os.path.join(staging, "tmp"))
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=staging)
-    built = _built(staging)
-    if done.returncode != 0 or built is None:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise BuildError(f"building the op observer failed: {tail[0]}")
-    os.makedirs(folder, exist_ok=True)
-    target = os.path.join(folder, os.path.basename(built))
-    os.replace(built, target)            # atomic: another process may be building it too
-    subprocess.run(["rm", "-rf", staging], check=False)
-    return target
+    try:
+        code = _SETUP.format(name=NAME, src=SOURCE, out=staging,
+                             tmp=os.path.join(staging, "tmp"))
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              cwd=staging)
+        built = _built(staging)
+        if done.returncode != 0 or built is None:
+            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise BuildError(f"building the op observer failed: {tail[0]}")
+        os.makedirs(folder, exist_ok=True)
+        target = os.path.join(folder, os.path.basename(built))
+        os.replace(built, target)        # atomic: another process may be building it too
+        return target
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def load():
