@@ -29,6 +29,7 @@ struct TensorNote {
   int32_t arg;          // argument position; outputs are numbered from 1000
   bool write;
   uintptr_t storage;    // the storage's data pointer: the address the bytes start at
+  uintptr_t cdata;      // the StorageImpl (Python's `untyped_storage()._cdata`)
   int64_t storage_nbytes;
   int64_t offset;       // storage offset, in elements
   std::vector<int64_t> sizes;
@@ -151,6 +152,7 @@ void note_tensor(const at::Tensor& t, int64_t op, int32_t arg, bool write) {
   if (!t.defined() || !t.has_storage() || t.unsafeGetTensorImpl()->is_wrapped_number()) return;
   const auto& st = t.storage();
   tensors.push_back({op, arg, write, reinterpret_cast<uintptr_t>(st.data()),
+                     reinterpret_cast<uintptr_t>(st.unsafeGetStorageImpl()),
                      static_cast<int64_t>(st.nbytes()), t.storage_offset(), t.sizes().vec(),
                      t.strides().vec(), static_cast<int64_t>(t.element_size()),
                      static_cast<int8_t>(t.device().type()),
@@ -276,9 +278,9 @@ pybind11::list drain() {
   std::vector<pybind11::list> per_op(got_ops.size());
   for (const auto& t : got_tensors) {
     per_op[t.op - first].append(pybind11::make_tuple(
-        t.arg, t.write, t.storage, t.storage_nbytes, t.offset, pybind11::tuple(pybind11::cast(t.sizes)),
-        pybind11::tuple(pybind11::cast(t.strides)), t.itemsize,
-        pybind11::make_tuple(t.device_type, t.device_index)));
+        t.arg, t.write, t.storage, t.cdata, t.storage_nbytes, t.offset,
+        pybind11::tuple(pybind11::cast(t.sizes)), pybind11::tuple(pybind11::cast(t.strides)),
+        t.itemsize, pybind11::make_tuple(t.device_type, t.device_index)));
   }
   pybind11::list out;
   for (size_t i = 0; i < got_ops.size(); i++) {

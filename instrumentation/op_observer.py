@@ -31,6 +31,7 @@ class TensorSeen(NamedTuple):
     arg: int            # argument position; outputs from OUTPUT on
     write: bool
     storage: int        # the storage's data pointer
+    cdata: int          # its StorageImpl: `untyped_storage()._cdata`, the registry's key
     storage_nbytes: int
     offset: int         # in elements
     sizes: tuple

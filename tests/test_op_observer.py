@@ -65,8 +65,8 @@ def _tensors(v, arg, write):
 
 def _note(t, arg, write):
     st = t.untyped_storage()
-    return (arg, write, st.data_ptr(), st.nbytes(), t.storage_offset(), tuple(t.shape),
-            tuple(t.stride()), t.element_size())
+    return (arg, write, st.data_ptr(), st._cdata, st.nbytes(), t.storage_offset(),
+            tuple(t.shape), tuple(t.stride()), t.element_size())
 
 
 def _observed(program):
@@ -76,8 +76,8 @@ def _observed(program):
 
 
 def _notes(seen):
-    return [(op.name, [(t.arg, t.write, t.storage, t.storage_nbytes, t.offset, t.sizes,
-                        t.strides, t.itemsize) for t in op.tensors]) for op in seen]
+    return [(op.name, [(t.arg, t.write, t.storage, t.cdata, t.storage_nbytes, t.offset,
+                        t.sizes, t.strides, t.itemsize) for t in op.tensors]) for op in seen]
 
 
 def _both(program):
