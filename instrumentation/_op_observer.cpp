@@ -134,17 +134,21 @@ bool through_autograd(c10::ArrayRef<const c10::IValue> in) {
   return false;
 }
 
-const at::Tensor* first_tensor(c10::ArrayRef<const c10::IValue> in) {
+// The device an op runs on: its first tensor's, else its `device` argument (a factory's), else
+// the CPU.
+c10::Device op_device(c10::ArrayRef<const c10::IValue> in) {
   for (const auto& v : in) {
     if (v.isTensor()) {
       const auto& t = v.toTensor();
-      if (t.defined()) return &t;
+      if (t.defined()) return t.device();
     } else if (v.isTensorList()) {
       for (const at::Tensor& t : v.toTensorList())
-        if (t.defined()) return &t;
+        if (t.defined()) return t.device();
     }
   }
-  return nullptr;
+  for (const auto& v : in)
+    if (v.isDevice()) return v.toDevice();
+  return c10::Device(c10::DeviceType::CPU);
 }
 
 void note_tensor(const at::Tensor& t, int64_t op, int32_t arg, bool write) {
@@ -170,11 +174,10 @@ void note_value(const c10::IValue& v, int64_t op, int32_t arg, bool write) {
   }
 }
 
-int64_t current_stream(const at::Tensor* t) {
-  if (t == nullptr || t->device().is_cpu()) return 0;
-  auto type = t->device().type();
-  if (!c10::impl::hasDeviceGuardImpl(type)) return 0;
-  return c10::impl::getDeviceGuardImpl(type)->getStream(t->device()).id();
+int64_t current_stream(c10::Device device) {
+  if (device.is_cpu() || !c10::impl::hasDeviceGuardImpl(device.type())) return 0;
+  if (!device.has_index()) device = c10::impl::getDeviceGuardImpl(device.type())->getDevice();
+  return c10::impl::getDeviceGuardImpl(device.type())->getStream(device).id();
 }
 
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
@@ -188,12 +191,12 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     return nullptr;
   }
   auto in = fn.inputs();
-  const at::Tensor* lead = first_tensor(in);
+  const c10::Device device = op_device(in);
   std::unique_lock<std::mutex> g(lock);
   const Facts& w = facts(*name);     // stays put: an unordered_map's elements never move
   bool seen = w.known;
   if (seen && through_autograd(in)) {
-    auto dev = lead != nullptr ? lead->device().type() : c10::DeviceType::CPU;
+    auto dev = device.type();
     bool dec = dev == c10::DeviceType::CPU ? w.decomposed_cpu
              : dev == c10::DeviceType::CUDA ? w.decomposed_cuda : w.decomposed_other;
     seen = !dec && !w.absorbed;
@@ -214,9 +217,9 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   }
   g.lock();
   int64_t op = base + static_cast<int64_t>(ops.size());
-  ops.push_back({std::move(op_name), fn.threadId(), current_stream(lead),
-                 static_cast<int8_t>(lead ? lead->device().type() : c10::DeviceType::CPU),
-                 static_cast<int8_t>(lead ? lead->device().index() : -1), stack});
+  ops.push_back({std::move(op_name), fn.threadId(), current_stream(device),
+                 static_cast<int8_t>(device.type()), static_cast<int8_t>(device.index()),
+                 stack});
   for (size_t i = 0; i < in.size(); i++)
     note_value(in[i], op, static_cast<int32_t>(i), i < w.arg_written.size() && w.arg_written[i]);
   around.push_back(op);

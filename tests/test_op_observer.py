@@ -236,6 +236,7 @@ def test_cuda_ops_and_their_streams(observer_module):
         plan.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(plan):
             plan_buf.copy_(positions + 1)
+            torch.ones(8, dtype=torch.int64, device="cuda")   # a factory: no tensor argument
         ready.record(plan)
         h = torch.relu(x @ w)
         torch.cuda.current_stream().wait_event(ready)
