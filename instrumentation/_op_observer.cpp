@@ -16,6 +16,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/Storage.h>
 
 #include <mutex>
 #include <string>
@@ -30,6 +31,7 @@ struct TensorNote {
   bool write;
   uintptr_t storage;    // the storage's data pointer: the address the bytes start at
   uintptr_t cdata;      // the StorageImpl (Python's `untyped_storage()._cdata`)
+  int64_t sid;          // the registrar's id for the storage (-1 without a registrar)
   int64_t storage_nbytes;
   int64_t offset;       // storage offset, in elements
   std::vector<int64_t> sizes;
@@ -65,6 +67,12 @@ std::unordered_map<std::string, Facts> by_op;
 at::CallbackHandle handle = 0;
 PyObject* capture = nullptr;     // racecheck's stack capture, called as capture(limit, 1)
 PyObject* capture_args[2] = {nullptr, nullptr};
+// Storages registered in the callback, where they are first seen: a temporary may be born and
+// die between two drains. `registrar(storage) -> id` is Python's (it also watches the storage
+// die and then calls `forget`). Lock order: never the GIL while holding `lock` or `known_lock`.
+PyObject* registrar = nullptr;
+std::mutex known_lock;
+std::unordered_map<uintptr_t, int64_t> known;   // StorageImpl -> id, while it lives
 thread_local std::vector<int64_t> around;   // per open op: its record, -1 unseen, -2 covered
 
 // Whether the autograd key's kernel for `backend` is CompositeImplicitAutograd's. The
@@ -151,26 +159,66 @@ c10::Device op_device(c10::ArrayRef<const c10::IValue> in) {
   return c10::Device(c10::DeviceType::CPU);
 }
 
-void note_tensor(const at::Tensor& t, int64_t op, int32_t arg, bool write) {
+int64_t sid_of(const c10::Storage& st) {
+  if (registrar == nullptr) return -1;
+  const auto key = reinterpret_cast<uintptr_t>(st.unsafeGetStorageImpl());
+  {
+    std::lock_guard<std::mutex> k(known_lock);
+    auto it = known.find(key);
+    if (it != known.end()) return it->second;
+  }
+  int64_t sid = -1;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject* py = THPStorage_Wrap(st);
+  if (py != nullptr) {
+    PyObject* r = PyObject_CallOneArg(registrar, py);
+    Py_DECREF(py);
+    if (r != nullptr) {
+      sid = PyLong_AsLongLong(r);
+      Py_DECREF(r);
+    }
+  }
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
+    sid = -1;
+  }
+  PyGILState_Release(gil);
+  if (sid >= 0) {
+    std::lock_guard<std::mutex> k(known_lock);
+    known[key] = sid;
+  }
+  return sid;
+}
+
+// A tensor's note (its op number set when it is kept); taken outside `lock`, since registering
+// a storage calls Python.
+void note_tensor(const at::Tensor& t, int32_t arg, bool write, std::vector<TensorNote>& out) {
   // a wrapped number (`x * 0.5`) reaches a dispatch mode as the Python number it was
   if (!t.defined() || !t.has_storage() || t.unsafeGetTensorImpl()->is_wrapped_number()) return;
   const auto& st = t.storage();
-  tensors.push_back({op, arg, write, reinterpret_cast<uintptr_t>(st.data()),
-                     reinterpret_cast<uintptr_t>(st.unsafeGetStorageImpl()),
-                     static_cast<int64_t>(st.nbytes()), t.storage_offset(), t.sizes().vec(),
-                     t.strides().vec(), static_cast<int64_t>(t.element_size()),
-                     static_cast<int8_t>(t.device().type()),
-                     static_cast<int8_t>(t.device().index())});
+  out.push_back({-1, arg, write, reinterpret_cast<uintptr_t>(st.data()),
+                 reinterpret_cast<uintptr_t>(st.unsafeGetStorageImpl()), sid_of(st),
+                 static_cast<int64_t>(st.nbytes()), t.storage_offset(), t.sizes().vec(),
+                 t.strides().vec(), static_cast<int64_t>(t.element_size()),
+                 static_cast<int8_t>(t.device().type()),
+                 static_cast<int8_t>(t.device().index())});
 }
 
-void note_value(const c10::IValue& v, int64_t op, int32_t arg, bool write) {
+void note_value(const c10::IValue& v, int32_t arg, bool write, std::vector<TensorNote>& out) {
   if (v.isTensor()) {
-    note_tensor(v.toTensor(), op, arg, write);
+    note_tensor(v.toTensor(), arg, write, out);
   } else if (v.isTensorList()) {
-    for (const at::Tensor& t : v.toTensorList()) note_tensor(t, op, arg, write);
+    for (const at::Tensor& t : v.toTensorList()) note_tensor(t, arg, write, out);
   } else if (v.isList()) {                      // Tensor?[] (index, index_put_)
     for (const c10::IValue& e : v.toListRef())
-      if (e.isTensor()) note_tensor(e.toTensor(), op, arg, write);
+      if (e.isTensor()) note_tensor(e.toTensor(), arg, write, out);
+  }
+}
+
+void keep(std::vector<TensorNote>& notes, int64_t op) {    // under `lock`
+  for (auto& n : notes) {
+    n.op = op;
+    tensors.push_back(std::move(n));
   }
 }
 
@@ -206,7 +254,11 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     return nullptr;
   }
   std::string op_name = w.name;
+  std::vector<bool> written = w.arg_written;
   g.unlock();
+  std::vector<TensorNote> notes;
+  for (size_t i = 0; i < in.size(); i++)
+    note_value(in[i], static_cast<int32_t>(i), i < written.size() && written[i], notes);
   PyObject* stack = nullptr;
   PyObject* capture_fn = capture;
   if (capture_fn != nullptr) {                 // the program's frames, as a dispatch mode's
@@ -220,8 +272,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   ops.push_back({std::move(op_name), fn.threadId(), current_stream(device),
                  static_cast<int8_t>(device.type()), static_cast<int8_t>(device.index()),
                  stack});
-  for (size_t i = 0; i < in.size(); i++)
-    note_value(in[i], op, static_cast<int32_t>(i), i < w.arg_written.size() && w.arg_written[i]);
+  keep(notes, op);
   around.push_back(op);
   return nullptr;
 }
@@ -231,20 +282,27 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   int64_t op = around.back();
   around.pop_back();
   if (op < 0) return;
+  std::vector<TensorNote> notes;
+  const auto& out = fn.outputs();
+  for (size_t i = 0; i < out.size(); i++)
+    note_value(out[i], 1000 + static_cast<int32_t>(i), true, notes);
   std::lock_guard<std::mutex> g(lock);
   if (op < base) {
     late++;
     return;
   }
-  const auto& out = fn.outputs();
-  for (size_t i = 0; i < out.size(); i++)
-    note_value(out[i], op, 1000 + static_cast<int32_t>(i), true);
+  keep(notes, op);
 }
 
-void start(pybind11::object capture_fn, int limit) {
+void start(pybind11::object capture_fn, int limit, pybind11::object registrar_fn) {
   if (handle != 0) return;
-  // The capture function and its arguments are never released: a callback still running on
-  // another thread when `stop` returns may be about to call them.
+  {
+    std::lock_guard<std::mutex> k(known_lock);
+    known.clear();
+  }
+  // The registrar, the capture function and its arguments are never released: a callback
+  // still running on another thread when `stop` returns may be about to call them.
+  registrar = registrar_fn.is_none() ? nullptr : registrar_fn.inc_ref().ptr();
   if (!capture_fn.is_none()) {
     capture_args[0] = PyLong_FromLong(limit);
     capture_args[1] = PyLong_FromLong(1);       // frame 1: the program's, no frame of ours
@@ -263,10 +321,24 @@ void stop() {
   at::removeCallback(handle);
   handle = 0;
   capture = nullptr;
+  registrar = nullptr;
 }
 
-// (name, thread, stream, (device type, index), [(arg, write, storage, storage bytes, offset,
-// sizes, strides, itemsize, (device type, index))]) per op seen since the last drain.
+// A registered storage died (the registrar's weakref saw it): a new one at its address is new.
+void forget(uintptr_t cdata) {
+  std::lock_guard<std::mutex> k(known_lock);
+  known.erase(cdata);
+}
+
+// How many ops have been noted so far: a storage that dies now died before op `position()`.
+int64_t position() {
+  std::lock_guard<std::mutex> g(lock);
+  return base + static_cast<int64_t>(ops.size());
+}
+
+// (number, name, thread, stream, (device type, index), [(arg, write, storage, StorageImpl, id,
+// storage bytes, offset, sizes, strides, itemsize, (device type, index))], stack) per op seen
+// since the last drain.
 pybind11::list drain() {
   std::vector<OpNote> got_ops;
   std::vector<TensorNote> got_tensors;
@@ -281,7 +353,7 @@ pybind11::list drain() {
   std::vector<pybind11::list> per_op(got_ops.size());
   for (const auto& t : got_tensors) {
     per_op[t.op - first].append(pybind11::make_tuple(
-        t.arg, t.write, t.storage, t.cdata, t.storage_nbytes, t.offset,
+        t.arg, t.write, t.storage, t.cdata, t.sid, t.storage_nbytes, t.offset,
         pybind11::tuple(pybind11::cast(t.sizes)), pybind11::tuple(pybind11::cast(t.strides)),
         t.itemsize, pybind11::make_tuple(t.device_type, t.device_index)));
   }
@@ -290,7 +362,7 @@ pybind11::list drain() {
     const auto& o = got_ops[i];
     pybind11::object stack = o.stack != nullptr
         ? pybind11::reinterpret_steal<pybind11::object>(o.stack) : pybind11::none();
-    out.append(pybind11::make_tuple(o.name, o.thread, o.stream,
+    out.append(pybind11::make_tuple(first + static_cast<int64_t>(i), o.name, o.thread, o.stream,
                                     pybind11::make_tuple(o.device_type, o.device_index),
                                     per_op[i], stack));
   }
@@ -302,7 +374,9 @@ pybind11::list drain() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Ops a dispatch mode would see, noted below Python's dispatch";
   m.def("start", &start, pybind11::arg("capture") = pybind11::none(),
-        pybind11::arg("limit") = 6);
+        pybind11::arg("limit") = 6, pybind11::arg("registrar") = pybind11::none());
+  m.def("forget", &forget);
+  m.def("position", &position);
   m.def("stop", &stop);
   m.def("drain", &drain);
   m.def("active", [] { return handle != 0; });

@@ -32,6 +32,7 @@ class TensorSeen(NamedTuple):
     write: bool
     storage: int        # the storage's data pointer
     cdata: int          # its StorageImpl: `untyped_storage()._cdata`, the registry's key
+    sid: int            # the registrar's id for the storage (-1 without one)
     storage_nbytes: int
     offset: int         # in elements
     sizes: tuple
@@ -45,6 +46,7 @@ class TensorSeen(NamedTuple):
 
 
 class OpSeen(NamedTuple):
+    number: int         # in the order noted, never restarting (deaths are placed by it)
     name: str           # "aten::add_.Tensor" (overload after the dot; "" for the default)
     thread: int
     stream: int         # the stream current on the op's device when it was called
@@ -141,9 +143,12 @@ def why_not() -> str | None:
 class Observer:
     """Notes the ops a dispatch mode would see while it is open; `drain()` hands them over in
     order. One at a time per process (the callback is global). `stacks`: each op also gets the
-    program's frames as racecheck's per-op path captures them (the GIL taken per op)."""
+    program's frames as racecheck's per-op path captures them (the GIL taken per op).
+    `registrar(storage) -> id`: called in the callback for a storage seen for the first time
+    (a temporary may be born and die between two drains); it watches the storage die and then
+    calls `forget(storage._cdata)`, stamping the death with `position()`."""
 
-    def __init__(self, stacks: bool = False, limit: int = 6):
+    def __init__(self, stacks: bool = False, limit: int = 6, registrar=None):
         mod = load()
         if mod is None:
             raise BuildError(_why_not or "the op observer is not available")
@@ -153,20 +158,30 @@ class Observer:
             from . import stacks as stack_capture
             self._capture = stack_capture.capture
         self._limit = limit
+        self._registrar = registrar
 
     def __enter__(self) -> "Observer":
         if self._mod.active():
             raise RuntimeError("an op observer is already open in this process")
         self._mod.drain()
-        self._mod.start(self._capture, self._limit)
+        self._mod.start(self._capture, self._limit, self._registrar)
         return self
 
     def __exit__(self, *exc) -> None:
         self._mod.stop()
 
     def drain(self) -> list:
-        return [OpSeen(name, thread, stream, device, tuple(TensorSeen(*t) for t in tensors), stack)
-                for name, thread, stream, device, tensors, stack in self._mod.drain()]
+        return [OpSeen(number, name, thread, stream, device,
+                       tuple(TensorSeen(*t) for t in tensors), stack)
+                for number, name, thread, stream, device, tensors, stack in self._mod.drain()]
+
+    def forget(self, cdata: int) -> None:
+        """A registered storage died: the next one at its address is registered anew."""
+        self._mod.forget(cdata)
+
+    def position(self) -> int:
+        """Ops noted so far: a storage dying now died before op number `position()`."""
+        return self._mod.position()
 
     @property
     def late(self) -> int:
@@ -178,7 +193,7 @@ class Observer:
 def observing(stacks: bool = False):
     """`with observing() as seen:` the ops seen inside, in `seen` once the block ends."""
     seen: list = []
-    with Observer(stacks) as obs:
+    with Observer(stacks=stacks) as obs:
         try:
             yield seen
         finally:

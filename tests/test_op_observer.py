@@ -11,6 +11,7 @@ of `view`); the observer alone is compared with that difference allowed.
 from __future__ import annotations
 
 import shutil
+import weakref
 
 import pytest
 import torch
@@ -78,6 +79,37 @@ def _observed(program):
 def _notes(seen):
     return [(op.name, [(t.arg, t.write, t.storage, t.cdata, t.storage_nbytes, t.offset,
                         t.sizes, t.strides, t.itemsize) for t in op.tensors]) for op in seen]
+
+
+class Registrar:
+    """Ids for storages, their deaths stamped with the observer's position (as the storage
+    registry's weakrefs would)."""
+
+    def __init__(self):
+        self.obs = None
+        self.refs = {}
+        self.deaths = []            # (id, ops noted before it died)
+        self.next = 0
+
+    def __call__(self, storage):
+        sid, self.next = self.next, self.next + 1
+        cdata = storage._cdata
+
+        def died(_ref, sid=sid, cdata=cdata):
+            self.obs.forget(cdata)
+            self.deaths.append((sid, self.obs.position()))
+        self.refs[sid] = weakref.ref(storage, died)
+        return sid
+
+
+def _registered(program):
+    reg = Registrar()
+    obs = op_observer.Observer(registrar=reg)
+    reg.obs = obs
+    with obs:
+        program()
+        seen = obs.drain()
+    return seen, reg
 
 
 def _both(program):
@@ -287,3 +319,35 @@ def test_ops_of_every_thread_with_their_own_nesting(observer_module):
         by_thread.setdefault(op.thread, []).append(op.name)
     assert sorted(by_thread.values()) == sorted([
         ["aten::view.", "aten::ones.", "aten::t.", "aten::mm."], ["aten::add_.Tensor"]])
+
+
+def test_storages_registered_where_first_seen_and_their_deaths_placed(observer_module):
+    """A temporary born and dead between two drains is registered in the callback; its death
+    falls between the op that last used it and the next."""
+    x = torch.ones(4)
+
+    def program():
+        a = x + 1                 # a's storage born
+        b = a * 2
+        del a                     # a dies: before the sum
+        return b.sum()
+    seen, reg = _registered(program)
+    assert [op.name for op in seen] == ["aten::add.Tensor", "aten::mul.Tensor", "aten::sum."]
+    a_sid = seen[0].tensors[-1].sid
+    assert seen[1].tensors[0].sid == a_sid and seen[0].tensors[0].sid != a_sid
+    assert (a_sid, seen[2].number) in reg.deaths
+    assert [op.number for op in seen] == [seen[0].number + k for k in range(3)]
+
+
+def test_a_storage_at_a_dead_one_s_address_is_new(observer_module):
+    """Freed StorageImpls are reused by the allocator: each new one gets its own id."""
+    def program():
+        t = None
+        for i in range(50):
+            t = torch.ones(3) * i
+        return t
+    seen, reg = _registered(program)
+    outputs = [op.tensors[-1] for op in seen]
+    assert len(outputs) == 100
+    assert len({t.sid for t in outputs}) == 100
+    assert len({t.cdata for t in outputs}) < 100        # addresses were reused
