@@ -16,6 +16,9 @@ GPU into its on-disk cache), then N rounds of
   nothing    the engine under a do-nothing TorchDispatchMode (the floor of any dispatch-level
              tool);
   racecheck  the engine under racecheck `cuda` (findings; the triaged upstream races apart);
+  observer   (on request, `--modes`) the engine under the op observer below Python's dispatch
+             with stacks, its notes handed over at every `run_batch` (the floor of a per-op
+             path without a dispatch mode; instrumentation/op_observer.py);
 each run timed by the front door's own clock: construction (model load, pools, graph capture)
 apart from sglang's event loop, whose iterations (one `run_batch` each) are timed too: with
 graphs on, the loop is the steady state of graph replays. `--profile` adds one racecheck run
@@ -58,6 +61,7 @@ CONFIGS = [
 ]
 QUICK = {"arrivals": "0:1x2"}                  # --quick: one short request (sim checks)
 MODES = ("plain", "nothing", "racecheck")
+OPTIONAL_MODES = ("observer",)
 
 
 # -- the bundle -------------------------------------------------------------------------------
@@ -93,9 +97,10 @@ def child_env(site: str | None) -> dict:
 class _Steps:
     """Times each iteration of sglang's loop: a stamp at every `Scheduler.run_batch` call."""
 
-    def __init__(self, on_first=None):
+    def __init__(self, on_first=None, each=None):
         self.stamps = []
         self.on_first = on_first
+        self.each = each
 
     @contextlib.contextmanager
     def installed(self):
@@ -108,6 +113,8 @@ class _Steps:
         def timed(scheduler, *args, **kwargs):
             if not stamps and self.on_first is not None:
                 self.on_first()
+            if self.each is not None:
+                self.each()
             stamps.append(time.perf_counter())
             return run_batch(scheduler, *args, **kwargs)
         with patched(owner, name, timed):
@@ -155,7 +162,13 @@ def one_run(spec: dict) -> dict:
         if spec.get("profile"):
             import cProfile
             profiler = cProfile.Profile()
-        steps = _Steps(on_first=profiler.enable if spec.get("profile") == "loop" else None)
+        observer = drain = None
+        if spec["mode"] == "observer":          # built (once) and loaded before the clock starts
+            from racecheck.instrumentation import op_observer
+            observer = op_observer.Observer(stacks=True)
+            drain = op_observer.load().drain
+        steps = _Steps(on_first=profiler.enable if spec.get("profile") == "loop" else None,
+                       each=drain)
         server.TIMINGS.clear()
         t0 = time.perf_counter()
         with steps.installed():
@@ -179,7 +192,8 @@ def one_run(spec: dict) -> dict:
             else:
                 ctx = RunContext(None, device if device != "sim" else "cpu", None,
                                  pin=device != "sim")
-                mode = _noop_mode() if spec["mode"] == "nothing" else contextlib.nullcontext()
+                mode = _noop_mode() if spec["mode"] == "nothing" else (
+                    observer if observer is not None else contextlib.nullcontext())
                 with mode:
                     outputs = sc.run_once(cfg, ctx)
         if device != "sim":
@@ -355,7 +369,7 @@ def summarize(c: dict, rows: list) -> dict:
     timed = [r for r in rows if not r.get("warmup") and not r.get("profiled")]
     reference = (warm[0] if warm else {}).get("outputs")
     s["errors"] = sorted({r["error"] for r in rows if "error" in r})
-    for m in MODES:
+    for m in MODES + OPTIONAL_MODES:
         ok = [r for r in timed if r["mode"] == m and "error" not in r]
         if not ok:
             continue
@@ -376,7 +390,7 @@ def summarize(c: dict, rows: list) -> dict:
     if prof:
         s["profile"] = prof[0]["profile"]
         s["profile_loop_s"] = prof[0].get("loop")
-    for m in ("nothing", "racecheck"):
+    for m in ("nothing", "racecheck") + OPTIONAL_MODES:
         if m in s and "plain" in s:
             for k in ("loop", "step_median_ms", "construction"):
                 if s[m].get(k) and s["plain"].get(k):
@@ -391,7 +405,7 @@ def table(data: dict) -> str:
              "| configuration | mode | construction s | loop s | step ms | loop x | step x | "
              "outputs differ |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for s in data["configs"]:
-        for m in MODES:
+        for m in MODES + OPTIONAL_MODES:
             r = s.get(m)
             if r is None:
                 continue
@@ -418,7 +432,7 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--profile-loop", action="store_true", help="the profiled run from the "
                     "loop's first batch on")
-    ap.add_argument("--modes", default=",".join(MODES), help="of plain,nothing,racecheck")
+    ap.add_argument("--modes", default=",".join(MODES), help="of plain,nothing,racecheck,observer")
     ap.add_argument("--device", default="cuda", choices=("cuda", "sim"))
     ap.add_argument("--quick", action="store_true", help="one short request per run")
     ap.add_argument("--no-fork", action="store_true", help="a fresh interpreter per run")
