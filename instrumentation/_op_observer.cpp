@@ -41,8 +41,10 @@ struct TensorNote {
   int8_t device_index;
 };
 
+struct Facts;
+
 struct OpNote {
-  std::string name;     // "aten::add_.Tensor"
+  const Facts* facts;   // its op's entry in `by_op` (never moved nor erased): the name
   uint64_t thread;
   int64_t stream;       // the stream current on the op's device (0 on the CPU)
   int8_t device_type;
@@ -118,8 +120,22 @@ const Facts& facts(const c10::OperatorName& name) {
   return by_op.emplace(std::move(key), std::move(f)).first->second;
 }
 
-bool has_autograd_keys(const at::Tensor& t) {
-  return t.key_set().has_any(c10::autograd_dispatch_keyset);
+// f(tensor) for every defined tensor an argument holds (Tensor, Tensor[], Tensor?[]); stops
+// early where f returns true, and says whether it did.
+template <typename F>
+bool each_tensor(const c10::IValue& v, F&& f) {
+  if (v.isTensor()) {
+    const auto& t = v.toTensor();
+    return t.defined() && f(t);
+  }
+  if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList())
+      if (t.defined() && f(t)) return true;
+  } else if (v.isList()) {                      // Tensor?[] (index, index_put_)
+    for (const c10::IValue& e : v.toListRef())
+      if (e.isTensor() && e.toTensor().defined() && f(e.toTensor())) return true;
+  }
+  return false;
 }
 
 // Whether the call passes through autograd keys: a tensor argument carries them and the thread
@@ -127,33 +143,21 @@ bool has_autograd_keys(const at::Tensor& t) {
 bool through_autograd(c10::ArrayRef<const c10::IValue> in) {
   if (c10::impl::tls_local_dispatch_key_set().excluded_.has_all(c10::autograd_dispatch_keyset))
     return false;
-  for (const auto& v : in) {
-    if (v.isTensor()) {
-      if (v.toTensor().defined() && has_autograd_keys(v.toTensor())) return true;
-    } else if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorList())
-        if (t.defined() && has_autograd_keys(t)) return true;
-    } else if (v.isList()) {
-      for (const c10::IValue& e : v.toListRef())
-        if (e.isTensor() && e.toTensor().defined() && has_autograd_keys(e.toTensor()))
-          return true;
-    }
-  }
+  for (const auto& v : in)
+    if (each_tensor(v, [](const at::Tensor& t) {
+          return t.key_set().has_any(c10::autograd_dispatch_keyset);
+        }))
+      return true;
   return false;
 }
 
 // The device an op runs on: its first tensor's, else its `device` argument (a factory's), else
 // the CPU.
 c10::Device op_device(c10::ArrayRef<const c10::IValue> in) {
-  for (const auto& v : in) {
-    if (v.isTensor()) {
-      const auto& t = v.toTensor();
-      if (t.defined()) return t.device();
-    } else if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorList())
-        if (t.defined()) return t.device();
-    }
-  }
+  c10::Device found(c10::DeviceType::CPU);
+  for (const auto& v : in)
+    if (each_tensor(v, [&](const at::Tensor& t) { found = t.device(); return true; }))
+      return found;
   for (const auto& v : in)
     if (v.isDevice()) return v.toDevice();
   return c10::Device(c10::DeviceType::CPU);
@@ -194,7 +198,7 @@ int64_t sid_of(const c10::Storage& st) {
 // a storage calls Python.
 void note_tensor(const at::Tensor& t, int32_t arg, bool write, std::vector<TensorNote>& out) {
   // a wrapped number (`x * 0.5`) reaches a dispatch mode as the Python number it was
-  if (!t.defined() || !t.has_storage() || t.unsafeGetTensorImpl()->is_wrapped_number()) return;
+  if (!t.has_storage() || t.unsafeGetTensorImpl()->is_wrapped_number()) return;
   const auto& st = t.storage();
   out.push_back({-1, arg, write, reinterpret_cast<uintptr_t>(st.data()),
                  reinterpret_cast<uintptr_t>(st.unsafeGetStorageImpl()), sid_of(st),
@@ -205,14 +209,10 @@ void note_tensor(const at::Tensor& t, int32_t arg, bool write, std::vector<Tenso
 }
 
 void note_value(const c10::IValue& v, int32_t arg, bool write, std::vector<TensorNote>& out) {
-  if (v.isTensor()) {
-    note_tensor(v.toTensor(), arg, write, out);
-  } else if (v.isTensorList()) {
-    for (const at::Tensor& t : v.toTensorList()) note_tensor(t, arg, write, out);
-  } else if (v.isList()) {                      // Tensor?[] (index, index_put_)
-    for (const c10::IValue& e : v.toListRef())
-      if (e.isTensor()) note_tensor(e.toTensor(), arg, write, out);
-  }
+  each_tensor(v, [&](const at::Tensor& t) {
+    note_tensor(t, arg, write, out);
+    return false;
+  });
 }
 
 void keep(std::vector<TensorNote>& notes, int64_t op) {    // under `lock`
@@ -253,12 +253,11 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     around.push_back(-1);
     return nullptr;
   }
-  std::string op_name = w.name;
-  std::vector<bool> written = w.arg_written;
-  g.unlock();
+  g.unlock();                         // `w` is read-only from here on: no copy needed
   std::vector<TensorNote> notes;
   for (size_t i = 0; i < in.size(); i++)
-    note_value(in[i], static_cast<int32_t>(i), i < written.size() && written[i], notes);
+    note_value(in[i], static_cast<int32_t>(i), i < w.arg_written.size() && w.arg_written[i],
+               notes);
   PyObject* stack = nullptr;
   PyObject* capture_fn = capture;
   if (capture_fn != nullptr) {                 // the program's frames, as a dispatch mode's
@@ -269,7 +268,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   }
   g.lock();
   int64_t op = base + static_cast<int64_t>(ops.size());
-  ops.push_back({std::move(op_name), fn.threadId(), current_stream(device),
+  ops.push_back({&w, fn.threadId(), current_stream(device),
                  static_cast<int8_t>(device.type()), static_cast<int8_t>(device.index()),
                  stack});
   keep(notes, op);
@@ -362,7 +361,8 @@ pybind11::list drain() {
     const auto& o = got_ops[i];
     pybind11::object stack = o.stack != nullptr
         ? pybind11::reinterpret_steal<pybind11::object>(o.stack) : pybind11::none();
-    out.append(pybind11::make_tuple(first + static_cast<int64_t>(i), o.name, o.thread, o.stream,
+    out.append(pybind11::make_tuple(first + static_cast<int64_t>(i), o.facts->name, o.thread,
+                                    o.stream,
                                     pybind11::make_tuple(o.device_type, o.device_index),
                                     per_op[i], stack));
   }
