@@ -175,14 +175,15 @@ def _split_mode(ctx, config):
 
 
 @contextlib.contextmanager
-def _observed(stacks=False):
+def _observed(stacks=False, prune=True):
     """The op observer on, its notes drained raw each step (what handing them over costs);
-    `stacks`: each op's frames captured too (the GIL taken per op)."""
+    `stacks`: each op's frames captured too (the GIL taken per op); `prune` off: the calls
+    nested in seen ops fire the callback too."""
     from racecheck.instrumentation import op_observer
     mod = op_observer.load()
     if mod is None:
         raise SystemExit(f"the op observer did not build: {op_observer.why_not()}")
-    with op_observer.Observer(stacks=stacks):
+    with op_observer.Observer(stacks=stacks, prune=prune):
         yield mod
 
 
@@ -204,6 +205,7 @@ def in_process(workloads, rounds: int, iters: int, split: bool = False,
     if observer:
         contexts["op-observer"] = _observed
         contexts["op-observer-stacks"] = lambda: _observed(stacks=True)
+        contexts["op-observer-unpruned"] = lambda: _observed(prune=False)
     rows = []
     for workload in workloads:
         per = {c: [] for c in contexts}

@@ -19,6 +19,8 @@ GPU into its on-disk cache), then N rounds of
   observer   (on request, `--modes`) the engine under the op observer below Python's dispatch
              with stacks, its notes handed over at every `run_batch` (the floor of a per-op
              path without a dispatch mode; instrumentation/op_observer.py);
+  observer-nostacks, observer-unpruned  (on request) the same without stacks, and with the
+             calls nested in seen ops firing the callback (what `prune` saves): its cost split;
 each run timed by the front door's own clock: construction (model load, pools, graph capture)
 apart from sglang's event loop, whose iterations (one `run_batch` each) are timed too: with
 graphs on, the loop is the steady state of graph replays. `--profile` adds one racecheck run
@@ -61,7 +63,9 @@ CONFIGS = [
 ]
 QUICK = {"arrivals": "0:1x2"}                  # --quick: one short request (sim checks)
 MODES = ("plain", "nothing", "racecheck")
-OPTIONAL_MODES = ("observer",)
+OPTIONAL_MODES = ("observer", "observer-nostacks", "observer-unpruned")
+OBSERVERS = {"observer": {"stacks": True}, "observer-nostacks": {"stacks": False},
+             "observer-unpruned": {"stacks": True, "prune": False}}
 
 
 # -- the bundle -------------------------------------------------------------------------------
@@ -163,9 +167,9 @@ def one_run(spec: dict) -> dict:
             import cProfile
             profiler = cProfile.Profile()
         observer = drain = None
-        if spec["mode"] == "observer":          # built (once) and loaded before the clock starts
+        if spec["mode"] in OBSERVERS:           # built (once) and loaded before the clock starts
             from racecheck.instrumentation import op_observer
-            observer = op_observer.Observer(stacks=True)
+            observer = op_observer.Observer(**OBSERVERS[spec["mode"]])
             drain = op_observer.load().drain
         steps = _Steps(on_first=profiler.enable if spec.get("profile") == "loop" else None,
                        each=drain)
@@ -432,7 +436,7 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--profile-loop", action="store_true", help="the profiled run from the "
                     "loop's first batch on")
-    ap.add_argument("--modes", default=",".join(MODES), help="of plain,nothing,racecheck,observer")
+    ap.add_argument("--modes", default=",".join(MODES), help="of " + ",".join(MODES + OPTIONAL_MODES))
     ap.add_argument("--device", default="cuda", choices=("cuda", "sim"))
     ap.add_argument("--quick", action="store_true", help="one short request per run")
     ap.add_argument("--no-fork", action="store_true", help="a fresh interpreter per run")

@@ -10,6 +10,11 @@
 // finish the op without passing it on. An op called from inside a seen op's kernel never
 // reaches the mode (it runs below the Python key), nor does one made where the thread
 // excludes the Python key (`torch.tensor` makes its tensors so). `redispatch` fires nothing.
+//
+// What the callback costs is paid on every dispatcher call it fires on, nested ones too (inputs
+// boxed, outputs copied). So while a seen op runs, RecordFunction is switched off on its thread
+// (`prune`): the ops its kernel calls are never seen anyway, and they no longer fire at all.
+// Other RecordFunction users (the profiler) then also miss those nested calls.
 #include <torch/extension.h>
 #include <Python.h>
 #include <ATen/record_function.h>
@@ -75,7 +80,12 @@ PyObject* capture_args[2] = {nullptr, nullptr};
 PyObject* registrar = nullptr;
 std::mutex known_lock;
 std::unordered_map<uintptr_t, int64_t> known;   // StorageImpl -> id, while it lives
-thread_local std::vector<int64_t> around;   // per open op: its record, -1 unseen, -2 covered
+bool prune = true;           // switch RecordFunction off on a thread while a seen op runs
+struct Open {
+  int64_t op;           // its record, -1 unseen, -2 covered
+  bool switched_off;    // it switched RecordFunction off; its exit switches it back on
+};
+thread_local std::vector<Open> around;   // per open op on this thread
 
 // Whether the autograd key's kernel for `backend` is CompositeImplicitAutograd's. The
 // dispatcher says so only in its table dump ("AutogradCPU: registered at ... [math kernel]");
@@ -229,13 +239,13 @@ int64_t current_stream(c10::Device device) {
 }
 
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
-  if (!around.empty() && around.back() != -1) {  // inside a seen op: below the Python key
-    around.push_back(-2);
+  if (!around.empty() && around.back().op != -1) {  // inside a seen op: below the Python key
+    around.push_back({-2, false});
     return nullptr;
   }
   auto name = fn.operator_name();
   if (!name || c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python)) {
-    around.push_back(-1);
+    around.push_back({-1, false});
     return nullptr;
   }
   auto in = fn.inputs();
@@ -250,7 +260,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     seen = !dec && !w.absorbed;
   }
   if (!seen) {
-    around.push_back(-1);
+    around.push_back({-1, false});
     return nullptr;
   }
   g.unlock();                         // `w` is read-only from here on: no copy needed
@@ -272,14 +282,19 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
                  static_cast<int8_t>(device.type()), static_cast<int8_t>(device.index()),
                  stack});
   keep(notes, op);
-  around.push_back(op);
+  g.unlock();
+  const bool off = prune && at::isRecordFunctionEnabled();
+  if (off) at::enableRecordFunction(false);    // the guard's exit still runs (RAII, exceptions)
+  around.push_back({op, off});
   return nullptr;
 }
 
 void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   if (around.empty()) return;
-  int64_t op = around.back();
+  const Open open = around.back();
   around.pop_back();
+  if (open.switched_off) at::enableRecordFunction(true);
+  const int64_t op = open.op;
   if (op < 0) return;
   std::vector<TensorNote> notes;
   const auto& out = fn.outputs();
@@ -293,8 +308,10 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   keep(notes, op);
 }
 
-void start(pybind11::object capture_fn, int limit, pybind11::object registrar_fn) {
+void start(pybind11::object capture_fn, int limit, pybind11::object registrar_fn,
+           bool prune_nested) {
   if (handle != 0) return;
+  prune = prune_nested;
   {
     std::lock_guard<std::mutex> k(known_lock);
     known.clear();
@@ -374,7 +391,8 @@ pybind11::list drain() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Ops a dispatch mode would see, noted below Python's dispatch";
   m.def("start", &start, pybind11::arg("capture") = pybind11::none(),
-        pybind11::arg("limit") = 6, pybind11::arg("registrar") = pybind11::none());
+        pybind11::arg("limit") = 6, pybind11::arg("registrar") = pybind11::none(),
+        pybind11::arg("prune") = true);
   m.def("forget", &forget);
   m.def("position", &position);
   m.def("stop", &stop);

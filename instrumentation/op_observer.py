@@ -146,9 +146,12 @@ class Observer:
     program's frames as racecheck's per-op path captures them (the GIL taken per op).
     `registrar(storage) -> id`: called in the callback for a storage seen for the first time
     (a temporary may be born and die between two drains); it watches the storage die and then
-    calls `forget(storage._cdata)`, stamping the death with `position()`."""
+    calls `forget(storage._cdata)`, stamping the death with `position()`. `prune`: while a
+    seen op runs, RecordFunction is off on its thread, so that the calls its kernel makes
+    (never seen) cost nothing; off, they fire and are dropped in the callback (measured
+    side by side in bench/)."""
 
-    def __init__(self, stacks: bool = False, limit: int = 6, registrar=None):
+    def __init__(self, stacks: bool = False, limit: int = 6, registrar=None, prune: bool = True):
         mod = load()
         if mod is None:
             raise BuildError(_why_not or "the op observer is not available")
@@ -159,12 +162,13 @@ class Observer:
             self._capture = stack_capture.capture
         self._limit = limit
         self._registrar = registrar
+        self._prune = prune
 
     def __enter__(self) -> "Observer":
         if self._mod.active():
             raise RuntimeError("an op observer is already open in this process")
         self._mod.drain()
-        self._mod.start(self._capture, self._limit, self._registrar)
+        self._mod.start(self._capture, self._limit, self._registrar, self._prune)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -190,10 +194,10 @@ class Observer:
 
 
 @contextlib.contextmanager
-def observing(stacks: bool = False):
+def observing(stacks: bool = False, prune: bool = True):
     """`with observing() as seen:` the ops seen inside, in `seen` once the block ends."""
     seen: list = []
-    with Observer(stacks=stacks) as obs:
+    with Observer(stacks=stacks, prune=prune) as obs:
         try:
             yield seen
         finally:

@@ -233,6 +233,34 @@ def test_schema_write_flags(observer_module):
     assert [(arg, write) for arg, write, *_ in notes] == [(0, True), (1, False), (OUTPUT, True)]
 
 
+@pytest.mark.parametrize("program", PROGRAMS, ids=lambda p: p.__name__.strip("_"))
+def test_pruned_nested_calls_change_nothing_seen(observer_module, program):
+    """RecordFunction switched off inside a seen op (the default) notes what the callback notes
+    when every nested call fires and is dropped in it."""
+    with op_observer.observing(prune=False) as everything:
+        program()
+    assert _aliasing(_observed(program)) == _aliasing(_notes(everything))
+
+
+def _aliasing(ops):
+    """Notes of two runs made comparable: addresses apart (the allocator reuses them as it
+    goes; which storage is which is what the differential tests against the mode check)."""
+    return [(name, [(arg, write, *rest) for arg, write, _storage, _cdata, *rest in notes])
+            for name, notes in ops]
+
+
+def test_an_op_that_raises_switches_record_function_back_on(observer_module):
+    """The op's guard closes it on the way out of an exception: later ops, nested calls of
+    unseen composites included, are noted as before."""
+    x, w = torch.randn(2, 4), torch.randn(3, 4)
+    with op_observer.observing() as seen:
+        with pytest.raises(RuntimeError):
+            torch.ones(2, 3) @ torch.ones(4, 5)
+        F.linear(x, w)
+    assert [op.name for op in seen] == ["aten::ones.", "aten::ones.", "aten::mm.",
+                                        "aten::t.", "aten::mm."]
+
+
 def test_off_outside_the_block(observer_module):
     with op_observer.observing() as seen:
         pass
