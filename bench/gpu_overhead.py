@@ -16,7 +16,9 @@ of each in turn (15 rounds by default), and gives the median of the per-round ra
 host whose speed drifts between processes, the figure to read. `--observer` adds the op observer
 below Python's dispatch (instrumentation/op_observer.py) noting every op, its notes handed to
 Python once per step, without and with each op's stack: the floor of a per-op path without a
-dispatch mode.
+dispatch mode; and its cost split: `op-observer-unpruned` (calls nested in seen ops fire the
+callback too), `op-observer-discard` (notes dropped in C each step: the handover to Python
+apart).
 
 racecheck runs with its defaults (on `cuda`: the device module's wrappers, torch's GPU trace off,
 the C hot path where it was built); `racecheck-py` the same with the C hot path off (the Python
@@ -206,6 +208,7 @@ def in_process(workloads, rounds: int, iters: int, split: bool = False,
         contexts["op-observer"] = _observed
         contexts["op-observer-stacks"] = lambda: _observed(stacks=True)
         contexts["op-observer-unpruned"] = lambda: _observed(prune=False)
+        contexts["op-observer-discard"] = _observed      # notes dropped in C, not handed over
     rows = []
     for workload in workloads:
         per = {c: [] for c in contexts}
@@ -215,7 +218,8 @@ def in_process(workloads, rounds: int, iters: int, split: bool = False,
                     step, graph_factory = _decode_step_factory(torch, torch.cuda)
                     fn = step if workload == "eager" else graph_factory()
                     if config.startswith("op-observer"):
-                        fn = _draining(fn, ctx)
+                        fn = _draining(fn, ctx.discard if config.endswith("discard")
+                                       else ctx.drain)
                     for _ in range(20):
                         fn()
                     per[config].append(timed_blocks(fn, iters, torch.cuda.synchronize, blocks=1))
@@ -229,10 +233,10 @@ def in_process(workloads, rounds: int, iters: int, split: bool = False,
     return rows
 
 
-def _draining(fn, mod):
+def _draining(fn, drain):
     def step():
         out = fn()
-        mod.drain()
+        drain()
         return out
     return step
 

@@ -22,7 +22,9 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/Storage.h>
+#include <c10/util/SmallVector.h>
 
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -39,8 +41,8 @@ struct TensorNote {
   int64_t sid;          // the registrar's id for the storage (-1 without a registrar)
   int64_t storage_nbytes;
   int64_t offset;       // storage offset, in elements
-  std::vector<int64_t> sizes;
-  std::vector<int64_t> strides;
+  c10::SmallVector<int64_t, 5> sizes;      // inline: no allocation per tensor
+  c10::SmallVector<int64_t, 5> strides;
   int64_t itemsize;
   int8_t device_type;
   int8_t device_index;
@@ -62,7 +64,8 @@ struct Facts {
   bool decomposed_cpu = false, decomposed_cuda = false, decomposed_other = false;
   bool absorbed = false;          // an autograd kernel that does not pass the op on
   std::vector<bool> arg_written;
-  std::string name;
+  std::string name;               // "aten::add_.Tensor"
+  std::string op, overload;       // its two parts, as the schema spells them
 };
 
 std::mutex lock;
@@ -86,6 +89,10 @@ struct Open {
   bool switched_off;    // it switched RecordFunction off; its exit switches it back on
 };
 thread_local std::vector<Open> around;   // per open op on this thread
+// Per thread, the schema's name string (stable while the op is registered) -> its facts: no
+// string copied, hashed or locked per call. A hit is checked against the names, in case an op
+// was removed and another's name took its address.
+thread_local std::unordered_map<const char*, const Facts*> facts_by_name;
 
 // Whether the autograd key's kernel for `backend` is CompositeImplicitAutograd's. The
 // dispatcher says so only in its table dump ("AutogradCPU: registered at ... [math kernel]");
@@ -114,6 +121,8 @@ const Facts& facts(const c10::OperatorName& name) {
   if (it != by_op.end()) return it->second;
   Facts f;
   f.name = key;
+  f.op = name.name;
+  f.overload = name.overload_name;
   auto h = c10::Dispatcher::singleton().findSchema(name);
   if (h) {
     f.known = true;
@@ -212,8 +221,10 @@ void note_tensor(const at::Tensor& t, int32_t arg, bool write, std::vector<Tenso
   const auto& st = t.storage();
   out.push_back({-1, arg, write, reinterpret_cast<uintptr_t>(st.data()),
                  reinterpret_cast<uintptr_t>(st.unsafeGetStorageImpl()), sid_of(st),
-                 static_cast<int64_t>(st.nbytes()), t.storage_offset(), t.sizes().vec(),
-                 t.strides().vec(), static_cast<int64_t>(t.element_size()),
+                 static_cast<int64_t>(st.nbytes()), t.storage_offset(),
+                 c10::SmallVector<int64_t, 5>(t.sizes().begin(), t.sizes().end()),
+                 c10::SmallVector<int64_t, 5>(t.strides().begin(), t.strides().end()),
+                 static_cast<int64_t>(t.element_size()),
                  static_cast<int8_t>(t.device().type()),
                  static_cast<int8_t>(t.device().index())});
 }
@@ -243,15 +254,29 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     around.push_back({-2, false});
     return nullptr;
   }
-  auto name = fn.operator_name();
-  if (!name || c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python)) {
+  if (c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python)) {
     around.push_back({-1, false});
     return nullptr;
   }
+  const Facts* found = nullptr;
+  const char* op_name = fn.name();
+  auto hit = facts_by_name.find(op_name);
+  if (hit != facts_by_name.end() && hit->second->op == op_name &&
+      hit->second->overload == fn.overload_name()) {
+    found = hit->second;
+  } else {
+    auto name = fn.operator_name();      // none for a range named by a string, not an op
+    if (!name) {
+      around.push_back({-1, false});
+      return nullptr;
+    }
+    std::lock_guard<std::mutex> g(lock);
+    found = &facts(*name);               // stays put: an unordered_map's elements never move
+    facts_by_name[op_name] = found;
+  }
+  const Facts& w = *found;              // read-only once made: no lock needed
   auto in = fn.inputs();
   const c10::Device device = op_device(in);
-  std::unique_lock<std::mutex> g(lock);
-  const Facts& w = facts(*name);     // stays put: an unordered_map's elements never move
   bool seen = w.known;
   if (seen && through_autograd(in)) {
     auto dev = device.type();
@@ -263,7 +288,6 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     around.push_back({-1, false});
     return nullptr;
   }
-  g.unlock();                         // `w` is read-only from here on: no copy needed
   std::vector<TensorNote> notes;
   for (size_t i = 0; i < in.size(); i++)
     note_value(in[i], static_cast<int32_t>(i), i < w.arg_written.size() && w.arg_written[i],
@@ -276,7 +300,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     if (stack == nullptr) PyErr_Clear();
     PyGILState_Release(gil);
   }
-  g.lock();
+  std::unique_lock<std::mutex> g(lock);
   int64_t op = base + static_cast<int64_t>(ops.size());
   ops.push_back({&w, fn.threadId(), current_stream(device),
                  static_cast<int8_t>(device.type()), static_cast<int8_t>(device.index()),
@@ -352,6 +376,25 @@ int64_t position() {
   return base + static_cast<int64_t>(ops.size());
 }
 
+pybind11::tuple as_tuple(const c10::SmallVector<int64_t, 5>& v) {
+  pybind11::tuple t(v.size());
+  for (size_t i = 0; i < v.size(); i++) t[i] = pybind11::int_(v[i]);
+  return t;
+}
+
+// Drops what was noted (the ops keep their numbers): what handing notes over costs, measured
+// apart from noting them.
+void discard() {
+  std::vector<OpNote> got_ops;
+  {
+    std::lock_guard<std::mutex> g(lock);
+    got_ops.swap(ops);
+    tensors.clear();
+    base += static_cast<int64_t>(got_ops.size());
+  }
+  for (auto& o : got_ops) Py_XDECREF(o.stack);
+}
+
 // (number, name, thread, stream, (device type, index), [(arg, write, storage, StorageImpl, id,
 // storage bytes, offset, sizes, strides, itemsize, (device type, index))], stack) per op seen
 // since the last drain.
@@ -370,7 +413,7 @@ pybind11::list drain() {
   for (const auto& t : got_tensors) {
     per_op[t.op - first].append(pybind11::make_tuple(
         t.arg, t.write, t.storage, t.cdata, t.sid, t.storage_nbytes, t.offset,
-        pybind11::tuple(pybind11::cast(t.sizes)), pybind11::tuple(pybind11::cast(t.strides)),
+        as_tuple(t.sizes), as_tuple(t.strides),
         t.itemsize, pybind11::make_tuple(t.device_type, t.device_index)));
   }
   pybind11::list out;
@@ -397,6 +440,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("position", &position);
   m.def("stop", &stop);
   m.def("drain", &drain);
+  m.def("discard", &discard);
   m.def("active", [] { return handle != 0; });
   m.def("late", [] { return late; });
 }
