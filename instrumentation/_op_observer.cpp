@@ -12,9 +12,11 @@
 // excludes the Python key (`torch.tensor` makes its tensors so). `redispatch` fires nothing.
 //
 // What the callback costs is paid on every dispatcher call it fires on, nested ones too (inputs
-// boxed, outputs copied). So while a seen op runs, RecordFunction is switched off on its thread
-// (`prune`): the ops its kernel calls are never seen anyway, and they no longer fire at all.
-// Other RecordFunction users (the profiler) then also miss those nested calls.
+// boxed, outputs copied). So while a seen op whose kernel calls other ops runs, RecordFunction is
+// switched off on its thread (`prune`): those calls are never seen anyway, and they no longer
+// fire at all. Switching costs a rebuild of torch's per-thread callback list each way, more
+// than a leaf kernel's whole callback, so an op is pruned only once a nested call has been met
+// under it. Other RecordFunction users (the profiler) then also miss those nested calls.
 #include <torch/extension.h>
 #include <Python.h>
 #include <ATen/record_function.h>
@@ -24,6 +26,7 @@
 #include <torch/csrc/Storage.h>
 #include <c10/util/SmallVector.h>
 
+#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -66,6 +69,7 @@ struct Facts {
   std::vector<bool> arg_written;
   std::string name;               // "aten::add_.Tensor"
   std::string op, overload;       // its two parts, as the schema spells them
+  mutable std::atomic<bool> nests{false};   // its kernel has been seen calling other ops
 };
 
 std::mutex lock;
@@ -86,6 +90,7 @@ std::unordered_map<uintptr_t, int64_t> known;   // StorageImpl -> id, while it l
 bool prune = true;           // switch RecordFunction off on a thread while a seen op runs
 struct Open {
   int64_t op;           // its record, -1 unseen, -2 covered
+  const Facts* seen;    // the seen op it is or lies under, else null
   bool switched_off;    // it switched RecordFunction off; its exit switches it back on
 };
 thread_local std::vector<Open> around;   // per open op on this thread
@@ -119,7 +124,7 @@ const Facts& facts(const c10::OperatorName& name) {
   std::string key = name.name + "." + name.overload_name;
   auto it = by_op.find(key);
   if (it != by_op.end()) return it->second;
-  Facts f;
+  Facts& f = by_op.try_emplace(key).first->second;   // in place: Facts does not move
   f.name = key;
   f.op = name.name;
   f.overload = name.overload_name;
@@ -136,7 +141,7 @@ const Facts& facts(const c10::OperatorName& name) {
       f.arg_written.push_back(ai != nullptr && ai->isWrite());
     }
   }
-  return by_op.emplace(std::move(key), std::move(f)).first->second;
+  return f;
 }
 
 // f(tensor) for every defined tensor an argument holds (Tensor, Tensor[], Tensor?[]); stops
@@ -251,11 +256,13 @@ int64_t current_stream(c10::Device device) {
 
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   if (!around.empty() && around.back().op != -1) {  // inside a seen op: below the Python key
-    around.push_back({-2, false});
+    const Facts* under = around.back().seen;
+    under->nests.store(true, std::memory_order_relaxed);
+    around.push_back({-2, under, false});
     return nullptr;
   }
   if (c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python)) {
-    around.push_back({-1, false});
+    around.push_back({-1, nullptr, false});
     return nullptr;
   }
   const Facts* found = nullptr;
@@ -267,7 +274,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   } else {
     auto name = fn.operator_name();      // none for a range named by a string, not an op
     if (!name) {
-      around.push_back({-1, false});
+      around.push_back({-1, nullptr, false});
       return nullptr;
     }
     std::lock_guard<std::mutex> g(lock);
@@ -285,7 +292,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     seen = !dec && !w.absorbed;
   }
   if (!seen) {
-    around.push_back({-1, false});
+    around.push_back({-1, nullptr, false});
     return nullptr;
   }
   std::vector<TensorNote> notes;
@@ -307,9 +314,10 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
                  stack});
   keep(notes, op);
   g.unlock();
-  const bool off = prune && at::isRecordFunctionEnabled();
+  const bool off = prune && w.nests.load(std::memory_order_relaxed) &&
+                   at::isRecordFunctionEnabled();
   if (off) at::enableRecordFunction(false);    // the guard's exit still runs (RAII, exceptions)
-  around.push_back({op, off});
+  around.push_back({op, &w, off});
   return nullptr;
 }
 

@@ -147,9 +147,9 @@ class Observer:
     `registrar(storage) -> id`: called in the callback for a storage seen for the first time
     (a temporary may be born and die between two drains); it watches the storage die and then
     calls `forget(storage._cdata)`, stamping the death with `position()`. `prune`: while a
-    seen op runs, RecordFunction is off on its thread, so that the calls its kernel makes
-    (never seen) cost nothing; off, they fire and are dropped in the callback (measured
-    side by side in bench/)."""
+    seen op whose kernel has been met calling other ops runs, RecordFunction is off on its
+    thread, so that those calls (never seen) cost nothing, the profiler's included; off, they
+    fire and are dropped in the callback (measured side by side in bench/)."""
 
     def __init__(self, stacks: bool = False, limit: int = 6, registrar=None, prune: bool = True):
         mod = load()

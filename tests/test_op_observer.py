@@ -239,7 +239,29 @@ def test_pruned_nested_calls_change_nothing_seen(observer_module, program):
     when every nested call fires and is dropped in it."""
     with op_observer.observing(prune=False) as everything:
         program()
-    assert _aliasing(_observed(program)) == _aliasing(_notes(everything))
+    want = _aliasing(_notes(everything))
+    assert _aliasing(_observed(program)) == want      # ops that nest learnt (if not yet)
+    assert _aliasing(_observed(program)) == want      # and pruned
+
+
+def test_calls_nested_in_a_seen_op_stop_firing_once_met(observer_module):
+    """`_to_copy`'s kernel calls `empty_strided` and `copy_`: they fire until the observer has
+    met them under it, then RecordFunction is off while it runs (the profiler misses them too,
+    as documented)."""
+    x = torch.ones(4)
+
+    def profiled():
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            x.to(torch.float64)
+        return {e.name for e in prof.events()}
+    with op_observer.observing(prune=False):
+        unpruned = profiled()
+    with op_observer.observing() as seen:
+        profiled()
+        pruned = profiled()
+    assert {"aten::_to_copy", "aten::copy_"} <= unpruned
+    assert "aten::_to_copy" in pruned and "aten::copy_" not in pruned
+    assert [op.name for op in seen] == ["aten::_to_copy."] * 2
 
 
 def _aliasing(ops):
