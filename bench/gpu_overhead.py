@@ -16,9 +16,8 @@ of each in turn (15 rounds by default), and gives the median of the per-round ra
 host whose speed drifts between processes, the figure to read. `--observer` adds the op observer
 below Python's dispatch (instrumentation/op_observer.py) noting every op, its notes handed to
 Python once per step, without and with each op's stack: the floor of a per-op path without a
-dispatch mode; and its cost split: `op-observer-unpruned` (calls nested in seen ops fire the
-callback too), `op-observer-discard` (notes dropped in C each step: the handover to Python
-apart).
+dispatch mode; and its cost split: `op-observer-pruned` (RecordFunction off inside seen ops
+that nest), `op-observer-discard` (notes dropped in C each step: the handover to Python apart).
 
 racecheck runs with its defaults (on `cuda`: the device module's wrappers, torch's GPU trace off,
 the C hot path where it was built); `racecheck-py` the same with the C hot path off (the Python
@@ -177,10 +176,10 @@ def _split_mode(ctx, config):
 
 
 @contextlib.contextmanager
-def _observed(stacks=False, prune=True):
+def _observed(stacks=False, prune=False):
     """The op observer on, its notes drained raw each step (what handing them over costs);
-    `stacks`: each op's frames captured too (the GIL taken per op); `prune` off: the calls
-    nested in seen ops fire the callback too."""
+    `stacks`: each op's frames captured too (the GIL taken per op); `prune`: RecordFunction
+    off inside seen ops that nest."""
     from racecheck.instrumentation import op_observer
     mod = op_observer.load()
     if mod is None:
@@ -207,7 +206,7 @@ def in_process(workloads, rounds: int, iters: int, split: bool = False,
     if observer:
         contexts["op-observer"] = _observed
         contexts["op-observer-stacks"] = lambda: _observed(stacks=True)
-        contexts["op-observer-unpruned"] = lambda: _observed(prune=False)
+        contexts["op-observer-pruned"] = lambda: _observed(prune=True)
         contexts["op-observer-discard"] = _observed      # notes dropped in C, not handed over
     rows = []
     for workload in workloads:

@@ -19,8 +19,8 @@ GPU into its on-disk cache), then N rounds of
   observer   (on request, `--modes`) the engine under the op observer below Python's dispatch
              with stacks, its notes handed over at every `run_batch` (the floor of a per-op
              path without a dispatch mode; instrumentation/op_observer.py);
-  observer-nostacks, observer-unpruned  (on request) the same without stacks, and with the
-             calls nested in seen ops firing the callback (what `prune` saves): its cost split;
+  observer-nostacks, observer-pruned  (on request) the same without stacks, and with
+             RecordFunction off inside seen ops that nest (`prune`): its cost split;
 each run timed by the front door's own clock: construction (model load, pools, graph capture)
 apart from sglang's event loop, whose iterations (one `run_batch` each) are timed too: with
 graphs on, the loop is the steady state of graph replays. `--profile` adds one racecheck run
@@ -63,9 +63,9 @@ CONFIGS = [
 ]
 QUICK = {"arrivals": "0:1x2"}                  # --quick: one short request (sim checks)
 MODES = ("plain", "nothing", "racecheck")
-OPTIONAL_MODES = ("observer", "observer-nostacks", "observer-unpruned")
+OPTIONAL_MODES = ("observer", "observer-nostacks", "observer-pruned")
 OBSERVERS = {"observer": {"stacks": True}, "observer-nostacks": {"stacks": False},
-             "observer-unpruned": {"stacks": True, "prune": False}}
+             "observer-pruned": {"stacks": True, "prune": True}}
 
 
 # -- the bundle -------------------------------------------------------------------------------

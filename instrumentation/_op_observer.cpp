@@ -16,7 +16,8 @@
 // switched off on its thread (`prune`): those calls are never seen anyway, and they no longer
 // fire at all. Switching costs a rebuild of torch's per-thread callback list each way, more
 // than a leaf kernel's whole callback, so an op is pruned only once a nested call has been met
-// under it. Other RecordFunction users (the profiler) then also miss those nested calls.
+// under it; even so it cost more than it saved on the H200 micro loop, so it is asked for, not
+// the default. Other RecordFunction users (the profiler) then also miss those nested calls.
 #include <torch/extension.h>
 #include <Python.h>
 #include <ATen/record_function.h>
@@ -87,7 +88,7 @@ PyObject* capture_args[2] = {nullptr, nullptr};
 PyObject* registrar = nullptr;
 std::mutex known_lock;
 std::unordered_map<uintptr_t, int64_t> known;   // StorageImpl -> id, while it lives
-bool prune = true;           // switch RecordFunction off on a thread while a seen op runs
+bool prune = false;          // switch RecordFunction off on a thread while a seen op runs
 struct Open {
   int64_t op;           // its record, -1 unseen, -2 covered
   const Facts* seen;    // the seen op it is or lies under, else null
@@ -443,7 +444,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Ops a dispatch mode would see, noted below Python's dispatch";
   m.def("start", &start, pybind11::arg("capture") = pybind11::none(),
         pybind11::arg("limit") = 6, pybind11::arg("registrar") = pybind11::none(),
-        pybind11::arg("prune") = true);
+        pybind11::arg("prune") = false);
   m.def("forget", &forget);
   m.def("position", &position);
   m.def("stop", &stop);

@@ -149,9 +149,11 @@ class Observer:
     calls `forget(storage._cdata)`, stamping the death with `position()`. `prune`: while a
     seen op whose kernel has been met calling other ops runs, RecordFunction is off on its
     thread, so that those calls (never seen) cost nothing, the profiler's included; off, they
-    fire and are dropped in the callback (measured side by side in bench/)."""
+    fire and are dropped in the callback. Off by default: switching RecordFunction costs
+    a rebuild of torch's per-thread callback list each way, and on the H200 micro loop that
+    costs more than the nested calls it saves (docs/BENCHMARKS.md §3)."""
 
-    def __init__(self, stacks: bool = False, limit: int = 6, registrar=None, prune: bool = True):
+    def __init__(self, stacks: bool = False, limit: int = 6, registrar=None, prune: bool = False):
         mod = load()
         if mod is None:
             raise BuildError(_why_not or "the op observer is not available")
@@ -194,7 +196,7 @@ class Observer:
 
 
 @contextlib.contextmanager
-def observing(stacks: bool = False, prune: bool = True):
+def observing(stacks: bool = False, prune: bool = False):
     """`with observing() as seen:` the ops seen inside, in `seen` once the block ends."""
     seen: list = []
     with Observer(stacks=stacks, prune=prune) as obs:

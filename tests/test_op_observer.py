@@ -237,11 +237,13 @@ def test_schema_write_flags(observer_module):
 def test_pruned_nested_calls_change_nothing_seen(observer_module, program):
     """RecordFunction switched off inside a seen op (the default) notes what the callback notes
     when every nested call fires and is dropped in it."""
-    with op_observer.observing(prune=False) as everything:
+    with op_observer.observing() as everything:
         program()
     want = _aliasing(_notes(everything))
-    assert _aliasing(_observed(program)) == want      # ops that nest learnt (if not yet)
-    assert _aliasing(_observed(program)) == want      # and pruned
+    for _ in range(2):          # ops that nest learnt (where not yet), then pruned
+        with op_observer.observing(prune=True) as seen:
+            program()
+        assert _aliasing(_notes(seen)) == want
 
 
 def test_calls_nested_in_a_seen_op_stop_firing_once_met(observer_module):
@@ -254,9 +256,9 @@ def test_calls_nested_in_a_seen_op_stop_firing_once_met(observer_module):
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             x.to(torch.float64)
         return {e.name for e in prof.events()}
-    with op_observer.observing(prune=False):
+    with op_observer.observing():
         unpruned = profiled()
-    with op_observer.observing() as seen:
+    with op_observer.observing(prune=True) as seen:
         profiled()
         pruned = profiled()
     assert {"aten::_to_copy", "aten::copy_"} <= unpruned
@@ -275,7 +277,9 @@ def test_an_op_that_raises_switches_record_function_back_on(observer_module):
     """The op's guard closes it on the way out of an exception: later ops, nested calls of
     unseen composites included, are noted as before."""
     x, w = torch.randn(2, 4), torch.randn(3, 4)
-    with op_observer.observing() as seen:
+    with op_observer.observing(prune=True):
+        torch.ones(2, 3) @ torch.ones(3, 5)      # `mm` met calling other ops, if it does
+    with op_observer.observing(prune=True) as seen:
         with pytest.raises(RuntimeError):
             torch.ones(2, 3) @ torch.ones(4, 5)
         F.linear(x, w)
