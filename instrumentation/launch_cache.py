@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from . import launch_store
+from .addresses import StorageSpans
 
 ENTRIES = 4096          # records kept per process (least recently met dropped first)
 BYTES = 64 << 20        # and their arrays' bytes (a default sglang run keeps 159, 4.6 MB)
@@ -163,27 +164,21 @@ class Recorder:
     def __init__(self, layout: Layout, bufs: list):
         self.layout = layout
         self.bufs = bufs
-        order = np.argsort(np.asarray(layout.bases, dtype=np.uint64), kind="stable")
-        self._order = order
-        self._starts = np.asarray(layout.bases, dtype=np.uint64)[order]
-        self._ends = self._starts + np.asarray(layout.sizes, dtype=np.uint64)[order]
+        self._spans = StorageSpans(layout.bases, layout.sizes)
         self.loads: list = []          # (group, byte offsets, values) in load order
         self.stores: list = []         # (group, byte offsets)
         self.outside = False
 
     def note(self, kind: str, addrs, el: int) -> None:
         """`addrs`: element start addresses (uint64) of an access about to happen."""
-        lo, hi = addrs.min(), addrs.max()
-        k = int(np.searchsorted(self._starts, lo, side="right")) - 1
-        if k >= 0 and hi < self._ends[k]:          # one storage: the common case
-            self._add(kind, int(self._order[k]), addrs, el)
+        one = self._spans.holding(addrs.min(), addrs.max())
+        if one is not None:
+            self._add(kind, one, addrs, el)
             return
-        k = np.searchsorted(self._starts, addrs, side="right").astype(np.int64) - 1
-        inside = (k >= 0) & (addrs < self._ends[np.maximum(k, 0)])
-        if not inside.all():
+        groups = self._spans.locate(addrs)
+        if (groups < 0).any():
             self.outside = True
             return
-        groups = self._order[k]
         for g in np.unique(groups):
             self._add(kind, int(g), addrs[groups == g], el)
 

@@ -30,6 +30,7 @@ import torch
 from racecheck.core.trace import Footprint
 
 from . import launch_cache
+from .addresses import StorageSpans
 
 _LOADS = {"load"}
 _STORES = {"store"}
@@ -912,19 +913,20 @@ class _AccessLog:
         starts = np.concatenate([a for a, _ in parts])
         ends = np.concatenate([a + np.uint64(el) for a, el in parts])
         out = []
-        left = np.ones(starts.size, dtype=bool)
+        left = np.arange(starts.size)
         for pool in (spans, None):
-            if not left.any():
+            if left.size == 0:
                 break
             if pool is None:           # pointers not passed as arguments (tables of data_ptr()s)
                 pool = registry.live_spans()
-            for base, nbytes, sid, host in pool:
-                m = left & (starts >= np.uint64(base)) & (starts < np.uint64(base + nbytes))
-                if not m.any():
-                    continue
-                left &= ~m
+            pool = list(pool)
+            where = StorageSpans([p[0] for p in pool], [p[1] for p in pool]).locate(starts[left])
+            for i in np.unique(where[where >= 0]):       # in the pool's order
+                m = left[where == i]
+                base, _nbytes, sid, host = pool[i]
                 ranges = _merge_ranges(starts[m] - np.uint64(base), ends[m] - np.uint64(base))
                 out.append(Footprint(sid, ranges, host))
+            left = left[where < 0]
         return tuple(out)
 
 
