@@ -27,6 +27,7 @@
 #include <torch/csrc/Storage.h>
 #include <c10/util/SmallVector.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -385,6 +386,72 @@ int64_t position() {
   return base + static_cast<int64_t>(ops.size());
 }
 
+// The bytes a view spans, as racecheck's footprints have them (instrumentation/footprints.py,
+// `strided_ranges`): merged [start, end) byte offsets into its storage, exact up to kMaxRuns
+// runs, else the bounding interval (`approx`).
+constexpr int64_t kMaxRuns = 4096;      // footprints.MAX_RUNS
+
+struct ByteRanges {
+  std::vector<std::pair<int64_t, int64_t>> spans;
+  bool approx = false;
+};
+
+ByteRanges byte_ranges(int64_t offset, c10::ArrayRef<int64_t> sizes,
+                       c10::ArrayRef<int64_t> strides, int64_t itemsize) {
+  ByteRanges out;
+  std::vector<std::pair<int64_t, int64_t>> dims;     // (size, stride) of the dims not of size 1
+  for (size_t d = 0; d < sizes.size(); d++) {
+    if (sizes[d] == 0) return out;
+    if (sizes[d] != 1) dims.emplace_back(sizes[d], strides[d]);
+  }
+  int64_t lo = offset, hi = offset + 1;               // elements, the bounding interval
+  std::vector<std::pair<int64_t, int64_t>> moving;   // (size, |stride|); broadcast dims repeat
+  for (const auto& [size, stride] : dims) {
+    (stride < 0 ? lo : hi) += (size - 1) * stride;
+    if (stride != 0) moving.emplace_back(size, stride < 0 ? -stride : stride);
+  }
+  if (moving.empty()) {
+    out.spans.emplace_back(offset * itemsize, (offset + 1) * itemsize);
+    return out;
+  }
+  std::stable_sort(moving.begin(), moving.end(),
+                   [](const auto& a, const auto& b) { return a.second < b.second; });
+  int64_t run = 1;                    // the innermost dims that tile without gaps: one run
+  size_t inner = 0;
+  while (inner < moving.size() && moving[inner].second == run) run *= moving[inner++].first;
+  int64_t runs = 1;
+  for (size_t j = inner; j < moving.size() && runs <= kMaxRuns; j++) runs *= moving[j].first;
+  if (runs > kMaxRuns) {
+    out.spans.emplace_back(lo * itemsize, hi * itemsize);
+    out.approx = true;
+    return out;
+  }
+  std::vector<int64_t> starts{lo};
+  for (size_t j = inner; j < moving.size(); j++) {
+    std::vector<int64_t> next;
+    next.reserve(starts.size() * moving[j].first);
+    for (int64_t s : starts)
+      for (int64_t k = 0; k < moving[j].first; k++) next.push_back(s + k * moving[j].second);
+    starts.swap(next);
+  }
+  std::sort(starts.begin(), starts.end());
+  for (int64_t s : starts) {
+    const int64_t a = s * itemsize, b = (s + run) * itemsize;
+    if (!out.spans.empty() && a <= out.spans.back().second)
+      out.spans.back().second = std::max(out.spans.back().second, b);
+    else
+      out.spans.emplace_back(a, b);
+  }
+  return out;
+}
+
+pybind11::tuple ranges_tuple(const ByteRanges& r) {
+  pybind11::tuple t(r.spans.size());
+  for (size_t i = 0; i < r.spans.size(); i++)
+    t[i] = pybind11::make_tuple(r.spans[i].first, r.spans[i].second);
+  return t;
+}
+
 pybind11::tuple as_tuple(const c10::SmallVector<int64_t, 5>& v) {
   pybind11::tuple t(v.size());
   for (size_t i = 0; i < v.size(); i++) t[i] = pybind11::int_(v[i]);
@@ -405,8 +472,8 @@ void discard() {
 }
 
 // (number, name, thread, stream, (device type, index), [(arg, write, storage, StorageImpl, id,
-// storage bytes, offset, sizes, strides, itemsize, (device type, index))], stack) per op seen
-// since the last drain.
+// storage bytes, offset, sizes, strides, itemsize, (device type, index), byte ranges, approx)],
+// stack) per op seen since the last drain.
 pybind11::list drain() {
   std::vector<OpNote> got_ops;
   std::vector<TensorNote> got_tensors;
@@ -420,10 +487,12 @@ pybind11::list drain() {
   }
   std::vector<pybind11::list> per_op(got_ops.size());
   for (const auto& t : got_tensors) {
+    const ByteRanges r = byte_ranges(t.offset, t.sizes, t.strides, t.itemsize);
     per_op[t.op - first].append(pybind11::make_tuple(
         t.arg, t.write, t.storage, t.cdata, t.sid, t.storage_nbytes, t.offset,
         as_tuple(t.sizes), as_tuple(t.strides),
-        t.itemsize, pybind11::make_tuple(t.device_type, t.device_index)));
+        t.itemsize, pybind11::make_tuple(t.device_type, t.device_index), ranges_tuple(r),
+        r.approx));
   }
   pybind11::list out;
   for (size_t i = 0; i < got_ops.size(); i++) {
@@ -450,6 +519,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("stop", &stop);
   m.def("drain", &drain);
   m.def("discard", &discard);
+  m.def("byte_ranges", [](int64_t offset, std::vector<int64_t> sizes,
+                          std::vector<int64_t> strides, int64_t itemsize) {
+    if (sizes.size() != strides.size()) throw pybind11::value_error("sizes and strides differ");
+    const ByteRanges r = byte_ranges(offset, sizes, strides, itemsize);
+    return pybind11::make_tuple(ranges_tuple(r), r.approx);
+  });
   m.def("active", [] { return handle != 0; });
   m.def("late", [] { return late; });
 }

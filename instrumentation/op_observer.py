@@ -39,6 +39,8 @@ class TensorSeen(NamedTuple):
     strides: tuple
     itemsize: int
     device: tuple       # (c10 device type, index)
+    ranges: tuple       # the bytes it spans in its storage, as footprints.strided_ranges has them
+    approx: bool        # ranges are the bounding interval (too many runs to list)
 
     @property
     def is_output(self) -> bool:

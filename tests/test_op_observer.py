@@ -18,7 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from hypothesis import given, settings, strategies as st
+
 from racecheck.instrumentation import op_observer
+from racecheck.instrumentation.footprints import strided_ranges
 
 OUTPUT = op_observer.OUTPUT
 
@@ -285,6 +288,38 @@ def test_an_op_that_raises_switches_record_function_back_on(observer_module):
         F.linear(x, w)
     assert [op.name for op in seen] == ["aten::ones.", "aten::ones.", "aten::mm.",
                                         "aten::t.", "aten::mm."]
+
+
+@pytest.mark.parametrize("program", PROGRAMS, ids=lambda p: p.__name__.strip("_"))
+def test_byte_ranges_are_the_footprints(observer_module, program):
+    """Each noted tensor's bytes, worked out in C++ from its geometry, are the ranges racecheck's
+    footprints give that geometry."""
+    with op_observer.observing() as seen:
+        program()
+    tensors = [t for op in seen for t in op.tensors]
+    if program is _index_and_copy:                   # `a[:, 2:4] = c`: a view of 4 runs
+        assert any(len(t.ranges) > 1 for t in tensors)
+    for t in tensors:
+        ranges, approx = strided_ranges(t.offset, t.sizes, t.strides, t.itemsize)
+        assert (t.ranges, t.approx) == (tuple(ranges), approx is not None), t
+
+
+_GEOMETRY = st.integers(0, 4).flatmap(lambda n: st.tuples(
+    st.integers(0, 40), st.lists(st.integers(0, 9), min_size=n, max_size=n),
+    st.lists(st.integers(-30, 30), min_size=n, max_size=n), st.sampled_from([1, 2, 4, 8])))
+
+
+@settings(max_examples=400, deadline=None)
+@given(geometry=_GEOMETRY, big=st.booleans())
+def test_byte_ranges_of_any_geometry(observer_module, geometry, big):
+    """Any view geometry, negative and zero strides, empty views and views of more runs than
+    are listed (the bounding interval, approx) included."""
+    offset, sizes, strides, itemsize = geometry
+    if big and sizes:
+        sizes = [s * 23 for s in sizes]
+    ranges, approx = strided_ranges(offset, sizes, strides, itemsize)
+    assert observer_module.byte_ranges(offset, sizes, strides, itemsize) == \
+        (tuple(tuple(r) for r in ranges), approx is not None)
 
 
 def test_off_outside_the_block(observer_module):
