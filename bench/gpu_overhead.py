@@ -17,7 +17,9 @@ host whose speed drifts between processes, the figure to read. `--observer` adds
 below Python's dispatch (instrumentation/op_observer.py) noting every op, its notes handed to
 Python once per step, without and with each op's stack: the floor of a per-op path without a
 dispatch mode; and its cost split: `op-observer-pruned` (RecordFunction off inside seen ops
-that nest), `op-observer-discard` (notes dropped in C each step: the handover to Python apart).
+that nest), `op-observer-discard` (notes dropped in C each step: the handover to Python apart),
+`op-observer-events` (with stacks, storages registered where first seen, every note made into
+a trace `Kernel` with its footprints in Python each step: the least a Python consumer pays).
 
 racecheck runs with its defaults (on `cuda`: the device module's wrappers, torch's GPU trace off,
 the C hot path where it was built); `racecheck-py` the same with the C hot path off (the Python
@@ -37,6 +39,7 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 
 CONFIGS = ("plain", "noop-mode", "csan", "racecheck", "racecheck-py")
 OPTIONAL = ("racecheck-cb",)    # --configs adds it
@@ -176,7 +179,7 @@ def _split_mode(ctx, config):
 
 
 @contextlib.contextmanager
-def _observed(stacks=False, prune=False):
+def _observed(stacks=False, prune=False, registrar=None):
     """The op observer on, its notes drained raw each step (what handing them over costs);
     `stacks`: each op's frames captured too (the GIL taken per op); `prune`: RecordFunction
     off inside seen ops that nest."""
@@ -184,8 +187,48 @@ def _observed(stacks=False, prune=False):
     mod = op_observer.load()
     if mod is None:
         raise SystemExit(f"the op observer did not build: {op_observer.why_not()}")
-    with op_observer.Observer(stacks=stacks, prune=prune):
-        yield mod
+    with op_observer.Observer(stacks=stacks, prune=prune, registrar=registrar) as obs:
+        if registrar is not None:
+            registrar.observer = obs
+        yield types.SimpleNamespace(
+            discard=mod.discard,
+            drain=mod.drain if registrar is None else (lambda: registrar.drain(mod)))
+
+
+class _Events:
+    """What a consumer of the notes in Python would pay at the least: storages registered where
+    first seen (an id, a weakref that forgets it), and every note made into a trace `Kernel`
+    with its footprints each step; the events are kept and dropped, not checked."""
+
+    def __init__(self):
+        import weakref
+        self._ref = weakref.ref
+        self.observer = None
+        self.next = 0
+        self.refs: dict = {}
+        self.events: list = []
+
+    def __call__(self, storage):
+        sid, self.next = self.next, self.next + 1
+        cdata = storage._cdata
+        refs = self.refs
+
+        def died(_ref, sid=sid, cdata=cdata):
+            refs.pop(sid, None)
+            self.observer.forget(cdata)
+        refs[sid] = self._ref(storage, died)
+        return sid
+
+    def drain(self, mod):
+        from racecheck.core.trace import Footprint, Kernel
+        out = self.events
+        for _number, name, thread, stream, _device, tensors, stack in mod.drain():
+            reads, writes = [], []
+            for t in tensors:
+                f = Footprint(t[4], t[11], t[10][0] == 0, "strided view" if t[12] else None)
+                (writes if t[1] else reads).append(f)
+            out.append(Kernel(thread, stream, tuple(reads), tuple(writes), name, stack or ()))
+        out.clear()
 
 
 def in_process(workloads, rounds: int, iters: int, split: bool = False,
@@ -208,6 +251,7 @@ def in_process(workloads, rounds: int, iters: int, split: bool = False,
         contexts["op-observer-stacks"] = lambda: _observed(stacks=True)
         contexts["op-observer-pruned"] = lambda: _observed(prune=True)
         contexts["op-observer-discard"] = _observed      # notes dropped in C, not handed over
+        contexts["op-observer-events"] = lambda: _observed(stacks=True, registrar=_Events())
     rows = []
     for workload in workloads:
         per = {c: [] for c in contexts}
