@@ -27,7 +27,10 @@ graphs on, the loop is the steady state of graph replays. `--profile` adds one r
 per configuration under cProfile, its time split by component (racecheck's checker, its
 interception, sglang, torch, Triton), and its whole profile in OUT/profile-CONFIG.pstats;
 `--profile-loop` profiles that run from the loop's first `run_batch` on (no construction, no
-capture: the steady state).
+capture: the steady state). `--interleaved ROUNDS` instead builds one engine per configuration
+and serves the schedule as stretches of its running loop (the fuzzer's way,
+scenarios/sglang/reuse.py), each stretch under one of --modes in turn (racecheck apart: its
+session spans the engine), after a plain warm-up: per-round ratios from one process.
 
 BUNDLE (a GPU machine without a package index; `scripts/gpu_bundle.sh` makes one): `sglang.txz`
 (or .tgz: sglang's Python sources and its dist-info) and `wheels/` (its light dependencies, and
@@ -140,8 +143,115 @@ def _noop_mode():
     return Nothing()
 
 
+class _Commands:
+    """The stretches' channel inside one process: commands in, replies kept."""
+
+    def __init__(self, commands):
+        self.commands = list(commands)
+        self.replies: list = []
+
+    def recv(self):
+        return self.commands.pop(0) if self.commands else None
+
+    def send(self, reply) -> None:
+        self.replies.append(reply)
+
+
+def _mode_context(mode: str):
+    """(context to enter for a stretch under `mode`, what to call before its clock stops)."""
+    if mode == "nothing":
+        return _noop_mode(), None
+    if mode in OBSERVERS:
+        from racecheck.instrumentation import op_observer
+        obs = op_observer.Observer(**OBSERVERS[mode])
+        return obs, obs.drain            # the notes handed over inside the timing
+    return contextlib.nullcontext(), None
+
+
+def interleaved(spec: dict) -> dict:
+    """One engine, the same request schedule served again and again as stretches of its running
+    event loop (scenarios/sglang/reuse.py), each under one of `modes` in turn, `rounds` rounds
+    after a plain warm-up stretch, caches flushed through sglang's own API between them. The
+    ratios compare stretches seconds apart on one engine: runs in separate processes spread by
+    up to a third on this loop. A racecheck session cannot be switched per stretch, so its mode
+    is not among them."""
+    import torch
+
+    from racecheck import scenarios
+    from racecheck.scenarios.sglang import engine_run, reuse
+    device = spec.get("device", "cuda")
+    modes = list(spec["modes"])
+    out = {"mode": "interleaved", "modes": modes, "stretches": []}
+    try:
+        sc = scenarios.get(spec["scenario"])
+        engine_run.import_sglang(gpu=device != "sim")
+        cfg = sc.config(overrides=spec["set"])
+        order = ["plain"] + [m for r in range(spec["rounds"])
+                             for m in modes[r % len(modes):] + modes[:r % len(modes)]]
+        channel = _Commands({"mode": m, "round": (k - 1) // len(modes) if k else -1}
+                            for k, m in enumerate(order))
+        state: dict = {}
+        dm = torch.get_device_module("cuda")
+
+        def begin(scheduler, command):
+            k = state["k"] = state.get("k", -1) + 1
+            context, state["before_stop"] = _mode_context(command["mode"])
+            state["stack"] = contextlib.ExitStack()
+            state["stack"].enter_context(context)
+            state["command"] = command
+            state["t0"] = time.perf_counter()
+            return {"arrivals": reuse._arrivals(cfg, k), "max_steps": cfg["max_steps"],
+                    "stop_token": cfg["stop_token"]}
+
+        def end(scheduler, timed_out, tokens):
+            if state["before_stop"] is not None:
+                state["before_stop"]()
+            dm.synchronize()
+            seconds = time.perf_counter() - state["t0"]
+            state["stack"].close()
+            reuse._flush(scheduler)
+            return dict(state["command"], seconds=seconds, timed_out=timed_out,
+                        outputs=reuse._outputs(tokens, state["k"]))
+        shape = engine_run.shape_of(cfg)
+        if device == "sim":
+            import racecheck
+            with racecheck.session(device="sim", route_cuda=True, check=False) as rc:
+                engine_run.serve_stretches(cfg, rc, channel, shape=shape, begin=begin, end=end)
+        else:
+            engine_run.serve_stretches(cfg, None, channel, shape=shape, begin=begin, end=end,
+                                       gpu=True)
+        out["stretches"] = channel.replies
+    except BaseException as exc:           # noqa: BLE001 - report what did not run, and why
+        import traceback
+        out["error"] = f"{type(exc).__name__}: {exc}"[:600]
+        out["traceback"] = traceback.format_exc()[-3000:]
+    return out
+
+
+def interleaved_summary(got: dict) -> dict:
+    """Per mode: stretch seconds (median) and the median of its per-round ratios to plain."""
+    rows = [r for r in got.get("stretches", []) if r.get("round", -1) >= 0]
+    warm = [r for r in got.get("stretches", []) if r.get("round", -1) < 0]
+    reference = warm[0]["outputs"] if warm else None
+    plain = {r["round"]: r["seconds"] for r in rows if r["mode"] == "plain"}
+    s = {}
+    for m in got.get("modes", []):
+        mine = [r for r in rows if r["mode"] == m]
+        if not mine:
+            continue
+        ratios = sorted(r["seconds"] / plain[r["round"]] for r in mine if r["round"] in plain)
+        s[m] = {"n": len(mine), "seconds": statistics.median(r["seconds"] for r in mine),
+                "x_plain": statistics.median(ratios) if ratios else None,
+                "x_plain_range": [ratios[0], ratios[-1]] if ratios else None,
+                "outputs_differ": sum(r["outputs"] != reference for r in mine),
+                "timed_out": sum(bool(r["timed_out"]) for r in mine)}
+    return s
+
+
 def one_run(spec: dict) -> dict:
     """One engine run: spec = {scenario, set, mode, device, profile?}. Never raises."""
+    if spec["mode"] == "interleaved":
+        return interleaved(spec)
     import torch
 
     from racecheck.core import native
@@ -443,6 +553,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dry", action="store_true", help="print the run plan and stop")
     ap.add_argument("--thaw", action="store_true", help="engine processes leave what they "
                     "inherit in the collector's reach (scenarios/fresh.py), as before 2026-11-28")
+    ap.add_argument("--interleaved", type=int, default=0, metavar="ROUNDS",
+                    help="one engine per configuration, the schedule served ROUNDS times under "
+                    "each of --modes in turn (racecheck apart): ratios from one process")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.one is not None:
@@ -450,8 +563,13 @@ def main(argv=None) -> int:
         return 0
     configs = [dict(c, set=dict(c["set"], **(QUICK if args.quick else {}))) for c in CONFIGS
                if args.only is None or args.only in c["name"]]
-    steps = plan(configs, args.runs, "loop" if args.profile_loop else args.profile,
-                 tuple(args.modes.split(",")))
+    if args.interleaved:
+        modes = [m for m in args.modes.split(",") if m != "racecheck"]
+        steps = [(c, {"scenario": c["scenario"], "set": c["set"], "mode": "interleaved",
+                      "modes": modes, "rounds": args.interleaved}) for c in configs]
+    else:
+        steps = plan(configs, args.runs, "loop" if args.profile_loop else args.profile,
+                     tuple(args.modes.split(",")))
     if args.thaw:
         steps = [(c, dict(spec, thaw=True)) for c, spec in steps]
     steps = [(c, dict(spec, profile_file=os.path.abspath(os.path.join(
@@ -488,6 +606,20 @@ def main(argv=None) -> int:
         with open(os.path.join(args.out, "gpu_sglang.json"), "w") as fh:   # so far
             json.dump(dict(data, raw=rows, how=runner.how, fork_error=runner.fork_error,
                            parent=_PARENT), fh, default=str)
+    if args.interleaved:
+        data["interleaved"] = {c["name"]: interleaved_summary(rows[c["name"]][0])
+                               for c in configs if c["name"] in rows}
+        data["raw"] = rows
+        with open(os.path.join(args.out, "gpu_sglang.json"), "w") as fh:
+            json.dump(data, fh, indent=1, default=str)
+        for name, per in data["interleaved"].items():
+            errors = [r.get("error") for r in rows[name] if r.get("error")]
+            print(f"{name}: " + ("; ".join(errors) if errors else ""))
+            for m, r in per.items():
+                print(f"  {m:20s} n={r['n']} {r['seconds']:.3f} s  x plain {r['x_plain']}"
+                      f" {r['x_plain_range']}  outputs differ {r['outputs_differ']}"
+                      f" timed out {r['timed_out']}")
+        return 0
     for c in configs:
         data["configs"].append(summarize(c, rows.get(c["name"], [])))
     data["raw"] = rows

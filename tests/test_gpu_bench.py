@@ -60,3 +60,32 @@ def test_child_env_keeps_the_given_pythonpath(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", "/given/racecheck")
     parts = gpu_sglang.child_env("/bundle/site")["PYTHONPATH"].split(os.pathsep)
     assert parts[:2] == ["/bundle/site", "/given/racecheck"]
+
+
+def test_interleaved_summary_ratios_per_round():
+    out = {"output_ids": {"0": [1, 2]}}
+    got = {"modes": ["plain", "nothing"], "stretches": [
+        dict(mode="plain", round=-1, seconds=5.0, outputs=out, timed_out=False),
+        dict(mode="plain", round=0, seconds=1.0, outputs=out, timed_out=False),
+        dict(mode="nothing", round=0, seconds=1.5, outputs=out, timed_out=False),
+        dict(mode="nothing", round=1, seconds=3.0, outputs={}, timed_out=False),
+        dict(mode="plain", round=1, seconds=2.0, outputs=out, timed_out=False)]}
+    s = gpu_sglang.interleaved_summary(got)
+    assert s["plain"]["n"] == 2 and s["plain"]["x_plain"] == 1.0
+    assert s["nothing"]["x_plain"] == 1.5 and s["nothing"]["outputs_differ"] == 1
+
+
+def test_interleaved_stretches_on_one_engine_on_sim(tmp_path):
+    """The schedule served under each mode in turn by one engine (sim: mechanics, not times)."""
+    p = subprocess.run([sys.executable, os.path.join(BENCH, "gpu_sglang.py"), "--device", "sim",
+                        "--quick", "--only", "cuda, eager", "--interleaved", "1", "--modes",
+                        "plain,nothing", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    import json
+    data = json.load(open(tmp_path / "gpu_sglang.json"))
+    [got] = data["raw"]["cuda, eager"]
+    assert "error" not in got, got.get("traceback")
+    assert [r["mode"] for r in got["stretches"]] == ["plain", "plain", "nothing"]
+    per = data["interleaved"]["cuda, eager"]
+    assert per["nothing"]["outputs_differ"] == 0 and per["nothing"]["timed_out"] == 0

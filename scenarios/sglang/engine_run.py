@@ -110,14 +110,16 @@ def _run(cfg: dict, rc, *, gpu: bool) -> dict:
             **({"kv_tiers": tiers} if tiers is not None else {})}
 
 
-def serve_stretches(cfg: dict, rc, channel, *, shape: Shape, begin, end) -> None:
+def serve_stretches(cfg: dict, rc, channel, *, shape: Shape, begin, end,
+                    gpu: bool = False) -> None:
     """One engine of `cfg`'s shape serving request schedules from `channel` until it is closed
-    (scenarios/sglang/reuse.py): sglang's event loop runs throughout, idle between schedules."""
+    (scenarios/sglang/reuse.py): sglang's event loop runs throughout, idle between schedules.
+    `gpu`: on a real device (bench/gpu_sglang.py's interleaved stretches), `rc` may be None."""
     from .server import StretchFeeder
 
     def feeder(outputs, on_first):
         return StretchFeeder(outputs, channel, begin=begin, end=end, on_first=on_first)
-    with _engine(cfg, rc, gpu=False) as on_start:
+    with _engine(cfg, rc, gpu=gpu) as on_start:
         serve(shape, [], max_steps=cfg["max_steps"], on_start=on_start, feeder=feeder)
 
 
