@@ -163,8 +163,8 @@ def _mode_context(mode: str):
         return _noop_mode(), None
     if mode in OBSERVERS:
         from racecheck.instrumentation import op_observer
-        obs = op_observer.Observer(**OBSERVERS[mode])
-        return obs, obs.drain            # the notes handed over inside the timing
+        # the notes handed over raw inside the timing, as the separate runs' `_Steps` do
+        return op_observer.Observer(**OBSERVERS[mode]), op_observer.load().drain
     return contextlib.nullcontext(), None
 
 
