@@ -2,6 +2,7 @@
 
     python bench/bench_sglang.py [--scenario sglang-eagle-v2] [--set K=V ...] [--quick] [--naming]
                                  [--whole-run ROUNDS] [--freeze ROUNDS] [--replay ROUNDS]
+                                 [--first-run ROUNDS]
 
 Prints, for one configuration: the import of sglang's scheduler (with racecheck's shims), then
 one `racecheck run` worth of work in a fresh process per phase split (scheduler construction,
@@ -25,6 +26,12 @@ replayed from recorded bytes (`instrumentation/launch_cache.py`), with records i
 memory only and with a folder of records an earlier run left (`launch_store.py`; a temporary
 one, filled by one untimed run first), against every launch interpreted. Every other figure
 is measured without records on disk (`RACECHECK_LAUNCH_RECORDS=off` unless set).
+
+`--first-run N` is what a user sees, timed from the shell (`racecheck run` in a new process,
+its own import included), N rounds each from an empty records folder: the machine's first run
+(seed 0), runs with other traffic (seeds 1 and 2: the construction's launches replay, the
+loop's see new tokens), seed 0 again; then the engine process's construction with graphs on
+and off, so the captures are timed apart.
 
 Then, side by side in one process: what importing sglang costs a forked engine process (every
 run, instrumented or reference, is one) from a cold parent, and from a parent warmed by
@@ -223,6 +230,44 @@ def replay(scenario: str, cfg: dict, rounds: int) -> None:
                   {"interpret": off, "replay": off, "recorded": envs["recorded"]})
 
 
+def first_run(scenario: str, cfg: dict, rounds: int) -> None:
+    import os
+    import statistics
+    import tempfile
+    from racecheck.instrumentation import launch_store
+    sets = [a for k, v in cfg.items() for a in ("--set", f"{k}={v}")]
+    seeds = ("0", "1", "2", "0")
+    got = {i: [] for i in range(len(seeds))}
+    said = set()
+    for _ in range(rounds):
+        with tempfile.TemporaryDirectory(prefix="launch-records-") as folder:
+            env = dict(os.environ, **{launch_store.ENV: folder})
+            for i, seed in enumerate(seeds):
+                t = time.perf_counter()
+                p = subprocess.run([sys.executable, "-m", "racecheck", "run", scenario,
+                                    "--seed", seed, *sets], capture_output=True, text=True,
+                                   env=env, check=False)
+                got[i].append(time.perf_counter() - t)
+                if p.returncode != 0:
+                    raise SystemExit(f"bench_sglang: racecheck run failed:\n{p.stdout[-2000:]}"
+                                     f"{p.stderr[-2000:]}")
+                said.add(_verdict(p.stdout).replace(f"seed {seed}", "seed N"))
+    shown = " ".join(f"{k}={v}" for k, v in cfg.items()) or "(defaults)"
+    names = ("the machine's first run (seed 0, no records)", "seed 1 after it", "seed 2",
+             "seed 0 again")
+    print(f"racecheck run {scenario} {shown} from the shell, {rounds} round(s) from an empty "
+          "records folder: " + ", ".join(
+              f"{n} {statistics.median(got[i]):.1f}s {[round(x, 1) for x in got[i]]}"
+              for i, n in enumerate(names)) + f"; same report: {len(said) == 1}")
+    split = {}
+    for graphs in ("on", "off"):
+        split[graphs] = phase(scenario, {**cfg, "graphs": graphs}, inherited="frozen")
+    capture = split["on"]["construction"] - split["off"]["construction"]
+    print(f"engine process, no records: construction {split['on']['construction']:.1f}s with "
+          f"graphs, {split['off']['construction']:.1f}s without (the captures: {capture:.1f}s); "
+          f"loop {split['on']['loop']:.1f}s / {split['off']['loop']:.1f}s")
+
+
 def _verdict(out: str) -> str:
     """A run's report without its timings."""
     import re
@@ -257,6 +302,9 @@ def main(argv=None) -> int:
     ap.add_argument("--replay", type=int, default=0, metavar="ROUNDS",
                     help="Triton launches on recorded bytes replayed against every launch "
                     "interpreted: the engine process's split, then whole runs, alternating")
+    ap.add_argument("--first-run", type=int, default=0, metavar="ROUNDS",
+                    help="from the shell: the machine's first run, runs with other traffic "
+                    "after it, the first again; the captures timed apart")
     ap.add_argument("--naming", action="store_true", help="names once per moment against once "
                     "per batch of findings (graphs off unless --set)")
     args = ap.parse_args(argv)
@@ -284,6 +332,8 @@ def main(argv=None) -> int:
         whole_run(args.scenario, cfg, args.freeze, ("thaw", "freeze"))
     if args.replay:
         replay(args.scenario, cfg, args.replay)
+    if args.first_run:
+        first_run(args.scenario, cfg, args.first_run)
     if args.naming:
         naming(args.scenario, {"graphs": "off", **cfg})
     w = warm_imports(args.scenario)
