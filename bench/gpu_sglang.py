@@ -29,8 +29,10 @@ interception, sglang, torch, Triton), and its whole profile in OUT/profile-CONFI
 `--profile-loop` profiles that run from the loop's first `run_batch` on (no construction, no
 capture: the steady state). `--interleaved ROUNDS` instead builds one engine per configuration
 and serves the schedule as stretches of its running loop (the fuzzer's way,
-scenarios/sglang/reuse.py), each stretch under one of --modes in turn (racecheck apart: its
-session spans the engine), after a plain warm-up: per-round ratios from one process.
+scenarios/sglang/reuse.py), each stretch under one of --modes in turn, after a plain warm-up:
+per-round ratios from one process. A racecheck session spans an engine, so `racecheck` in
+--modes is a second engine, built and served the same stretches under one session: its
+stretches over the first engine's plain ones (two processes, each in its steady state).
 
 BUNDLE (a GPU machine without a package index; `scripts/gpu_bundle.sh` makes one): `sglang.txz`
 (or .tgz: sglang's Python sources and its dist-info) and `wheels/` (its light dependencies, and
@@ -173,21 +175,23 @@ def interleaved(spec: dict) -> dict:
     event loop (scenarios/sglang/reuse.py), each under one of `modes` in turn, `rounds` rounds
     after a plain warm-up stretch, caches flushed through sglang's own API between them. The
     ratios compare stretches seconds apart on one engine: runs in separate processes spread by
-    up to a third on this loop. A racecheck session cannot be switched per stretch, so its mode
-    is not among them."""
+    up to a third on this loop. A racecheck session cannot be switched per stretch: `modes ==
+    ["racecheck"]` is an engine of its own, built and run under one session, every stretch
+    (its warm-up too) checked; its stretches are compared with another engine's plain ones."""
     import torch
 
     from racecheck import scenarios
     from racecheck.scenarios.sglang import engine_run, reuse
     device = spec.get("device", "cuda")
     modes = list(spec["modes"])
+    checked = modes == ["racecheck"]
     out = {"mode": "interleaved", "modes": modes, "stretches": []}
     try:
         sc = scenarios.get(spec["scenario"])
         engine_run.import_sglang(gpu=device != "sim")
         cfg = sc.config(overrides=spec["set"])
-        order = ["plain"] + [m for r in range(spec["rounds"])
-                             for m in modes[r % len(modes):] + modes[:r % len(modes)]]
+        order = [modes[0] if checked else "plain"] + [
+            m for r in range(spec["rounds"]) for m in modes[r % len(modes):] + modes[:r % len(modes)]]
         channel = _Commands({"mode": m, "round": (k - 1) // len(modes) if k else -1}
                             for k, m in enumerate(order))
         state: dict = {}
@@ -213,7 +217,16 @@ def interleaved(spec: dict) -> dict:
             return dict(state["command"], seconds=seconds, timed_out=timed_out,
                         outputs=reuse._outputs(tokens, state["k"]))
         shape = engine_run.shape_of(cfg)
-        if device == "sim":
+        if checked:
+            import racecheck
+            from racecheck.scenarios.registry import split_known
+            with racecheck.session(device=device, **sc.session_options(cfg, device)) as rc:
+                engine_run.serve_stretches(cfg, rc, channel, shape=shape, begin=begin, end=end,
+                                           gpu=device != "sim")
+            new, known = split_known(sc, rc.findings)
+            out["findings"] = sorted({f"{f.rule} {f.tensor}" for f in new})
+            out["known"] = len(known)
+        elif device == "sim":
             import racecheck
             with racecheck.session(device="sim", route_cuda=True, check=False) as rc:
                 engine_run.serve_stretches(cfg, rc, channel, shape=shape, begin=begin, end=end)
@@ -228,13 +241,26 @@ def interleaved(spec: dict) -> dict:
     return out
 
 
-def interleaved_summary(got: dict) -> dict:
-    """Per mode: stretch seconds (median) and the median of its per-round ratios to plain."""
+def interleaved_summary(got: dict, checked: dict | None = None) -> dict:
+    """Per mode: stretch seconds (median) and the median of its per-round ratios to plain; with
+    `checked` (the racecheck engine's stretches), racecheck's median stretch over plain's, two
+    engines in turn (range: its fastest and slowest stretch over plain's median)."""
     rows = [r for r in got.get("stretches", []) if r.get("round", -1) >= 0]
     warm = [r for r in got.get("stretches", []) if r.get("round", -1) < 0]
     reference = warm[0]["outputs"] if warm else None
     plain = {r["round"]: r["seconds"] for r in rows if r["mode"] == "plain"}
     s = {}
+    mine = [r for r in (checked or {}).get("stretches", []) if r.get("round", -1) >= 0]
+    if mine and plain:
+        base = statistics.median(plain.values())
+        secs = sorted(r["seconds"] for r in mine)
+        s["racecheck"] = {"n": len(mine), "seconds": statistics.median(secs),
+                          "x_plain": statistics.median(secs) / base,
+                          "x_plain_range": [secs[0] / base, secs[-1] / base],
+                          "outputs_differ": sum(r["outputs"] != reference for r in mine),
+                          "timed_out": sum(bool(r["timed_out"]) for r in mine),
+                          "findings": checked.get("findings"), "known": checked.get("known"),
+                          "across_engines": True}
     for m in got.get("modes", []):
         mine = [r for r in rows if r["mode"] == m]
         if not mine:
@@ -555,7 +581,8 @@ def main(argv=None) -> int:
                     "inherit in the collector's reach (scenarios/fresh.py), as before 2026-11-28")
     ap.add_argument("--interleaved", type=int, default=0, metavar="ROUNDS",
                     help="one engine per configuration, the schedule served ROUNDS times under "
-                    "each of --modes in turn (racecheck apart): ratios from one process")
+                    "each of --modes in turn: ratios from one process (racecheck: an engine of its "
+                    "own, against the first's plain stretches)")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.one is not None:
@@ -567,6 +594,9 @@ def main(argv=None) -> int:
         modes = [m for m in args.modes.split(",") if m != "racecheck"]
         steps = [(c, {"scenario": c["scenario"], "set": c["set"], "mode": "interleaved",
                       "modes": modes, "rounds": args.interleaved}) for c in configs]
+        if "racecheck" in args.modes.split(","):     # an engine of its own, after plain's
+            steps = [st for c, spec in steps for st in (
+                (c, spec), (c, dict(spec, modes=["racecheck"])))]
     else:
         steps = plan(configs, args.runs, "loop" if args.profile_loop else args.profile,
                      tuple(args.modes.split(",")))
@@ -607,8 +637,9 @@ def main(argv=None) -> int:
             json.dump(dict(data, raw=rows, how=runner.how, fork_error=runner.fork_error,
                            parent=_PARENT), fh, default=str)
     if args.interleaved:
-        data["interleaved"] = {c["name"]: interleaved_summary(rows[c["name"]][0])
-                               for c in configs if c["name"] in rows}
+        data["interleaved"] = {c["name"]: interleaved_summary(
+            rows[c["name"]][0], rows[c["name"]][1] if len(rows[c["name"]]) > 1 else None)
+            for c in configs if c["name"] in rows}
         data["raw"] = rows
         with open(os.path.join(args.out, "gpu_sglang.json"), "w") as fh:
             json.dump(data, fh, indent=1, default=str)
@@ -618,7 +649,9 @@ def main(argv=None) -> int:
             for m, r in per.items():
                 print(f"  {m:20s} n={r['n']} {r['seconds']:.3f} s  x plain {r['x_plain']}"
                       f" {r['x_plain_range']}  outputs differ {r['outputs_differ']}"
-                      f" timed out {r['timed_out']}")
+                      f" timed out {r['timed_out']}"
+                      + (f"  (another engine; findings {r['findings']}, {r['known']} triaged)"
+                         if r.get("across_engines") else ""))
         return 0
     for c in configs:
         data["configs"].append(summarize(c, rows.get(c["name"], [])))

@@ -79,13 +79,33 @@ def test_interleaved_stretches_on_one_engine_on_sim(tmp_path):
     """The schedule served under each mode in turn by one engine (sim: mechanics, not times)."""
     p = subprocess.run([sys.executable, os.path.join(BENCH, "gpu_sglang.py"), "--device", "sim",
                         "--quick", "--only", "cuda, eager", "--interleaved", "1", "--modes",
-                        "plain,nothing", "--out", str(tmp_path)],
+                        "plain,nothing,racecheck", "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     import json
     data = json.load(open(tmp_path / "gpu_sglang.json"))
-    [got] = data["raw"]["cuda, eager"]
+    got, checked = data["raw"]["cuda, eager"]
     assert "error" not in got, got.get("traceback")
     assert [r["mode"] for r in got["stretches"]] == ["plain", "plain", "nothing"]
+    # racecheck: an engine of its own under one session, warm-up included
+    assert "error" not in checked, checked.get("traceback")
+    assert [r["mode"] for r in checked["stretches"]] == ["racecheck", "racecheck"]
     per = data["interleaved"]["cuda, eager"]
     assert per["nothing"]["outputs_differ"] == 0 and per["nothing"]["timed_out"] == 0
+    assert per["racecheck"]["outputs_differ"] == 0 and per["racecheck"]["findings"] == []
+    assert per["racecheck"]["across_engines"]
+
+
+def test_interleaved_summary_racecheck_against_the_other_engine():
+    out = {"output_ids": {"0": [1, 2]}}
+    got = {"modes": ["plain"], "stretches": [
+        dict(mode="plain", round=-1, seconds=5.0, outputs=out, timed_out=False),
+        dict(mode="plain", round=0, seconds=1.0, outputs=out, timed_out=False),
+        dict(mode="plain", round=1, seconds=3.0, outputs=out, timed_out=False)]}
+    checked = {"modes": ["racecheck"], "findings": [], "known": 2, "stretches": [
+        dict(mode="racecheck", round=-1, seconds=9.0, outputs=out, timed_out=False),
+        dict(mode="racecheck", round=0, seconds=3.0, outputs=out, timed_out=False),
+        dict(mode="racecheck", round=1, seconds=5.0, outputs={}, timed_out=False)]}
+    r = gpu_sglang.interleaved_summary(got, checked)["racecheck"]
+    assert r["x_plain"] == 2.0 and r["x_plain_range"] == [1.5, 2.5]
+    assert r["outputs_differ"] == 1 and r["known"] == 2
