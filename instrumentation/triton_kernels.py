@@ -515,6 +515,45 @@ def _signature(fn) -> inspect.Signature:
     return inspect.signature(fn)
 
 
+class _Binder:
+    """A kernel's arguments bound to its parameter names, as `Signature.bind_partial` binds
+    them, without building a BoundArguments per launch (a launch binds twice: its constexprs,
+    then its tensors). Kernels take plain named parameters; any other signature (`*args`,
+    keyword-only, positional-only) is left to `inspect`."""
+
+    __slots__ = ("names", "known", "defaults", "constexprs", "plain")
+
+    def __init__(self, sig: inspect.Signature):
+        params = sig.parameters
+        self.names = tuple(params)
+        self.known = frozenset(params)
+        self.plain = all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params.values())
+        self.defaults = {n: p.default for n, p in params.items() if p.default is not p.empty}
+        self.constexprs = tuple(n for n, p in params.items() if "constexpr" in str(
+            p.annotation if isinstance(p.annotation, str)
+            else getattr(p.annotation, "__name__", repr(p.annotation))))
+
+    def bind(self, args, kwargs, sig: inspect.Signature) -> dict:
+        """name -> value of the arguments given (TypeError as `bind_partial` raises it)."""
+        if not self.plain:
+            return dict(sig.bind_partial(*args, **{k: v for k, v in kwargs.items()
+                                                   if k in self.known}).arguments)
+        if len(args) > len(self.names):
+            raise TypeError("too many positional arguments")
+        bound = dict(zip(self.names, args))
+        for k, v in kwargs.items():
+            if k in self.known:
+                if k in bound:
+                    raise TypeError(f"multiple values for argument {k!r}")
+                bound[k] = v
+        return bound
+
+
+@functools.lru_cache(maxsize=4096)
+def _binder(fn) -> _Binder:
+    return _Binder(_signature(fn))
+
+
 def _unwrap_constexpr(v):
     return getattr(v, "value", v) if type(v).__name__ == "constexpr" else v
 
@@ -522,31 +561,33 @@ def _unwrap_constexpr(v):
 def launch_consts(fn, args, kwargs) -> dict:
     """Values the launch gives the kernel's `tl.constexpr` parameters (defaults included)."""
     try:
-        sig = _signature(fn)
-        bound = sig.bind_partial(*args, **{k: v for k, v in kwargs.items() if k in sig.parameters})
+        binder = _binder(fn)
+        bound = binder.bind(args, kwargs, _signature(fn))
     except (TypeError, ValueError):
         return {}
-    bound.apply_defaults()
     out = {}
-    for name, p in sig.parameters.items():
-        ann = p.annotation
-        text = ann if isinstance(ann, str) else getattr(ann, "__name__", repr(ann))
-        if "constexpr" in str(text) and name in bound.arguments:
-            v = _unwrap_constexpr(bound.arguments[name])
-            if v is None or isinstance(v, (bool, int, float, str)):
-                out[name] = v
+    for name in binder.constexprs:
+        if name in bound:
+            v = bound[name]
+        elif name in binder.defaults:
+            v = binder.defaults[name]
+        else:
+            continue
+        v = _unwrap_constexpr(v)
+        if v is None or isinstance(v, (bool, int, float, str)):
+            out[name] = v
     return out
 
 
 def launch_args(acc: KernelAccess, fn, args, kwargs) -> tuple:
     """(reads, writes, approx) tensors of one launch, bound to the kernel's parameters."""
     try:
-        bound = _signature(fn).bind_partial(*args, **{k: v for k, v in kwargs.items()
-                                                              if k in acc.params})
-    except TypeError:
+        bound = _binder(fn).bind(args, {k: v for k, v in kwargs.items() if k in acc.params},
+                                 _signature(fn))
+    except (TypeError, ValueError):
         bound = None
     reads, writes, approx = [], [], []
-    items = bound.arguments.items() if bound is not None else zip(acc.params, args)
+    items = bound.items() if bound is not None else zip(acc.params, args)
     for name, value in items:
         for t in _tensors(value):
             if name in acc.unknown:

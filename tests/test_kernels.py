@@ -540,3 +540,52 @@ def test_the_interpreter_skips_overflow_checks_nothing_reads(monkeypatch):
     assert torch.equal(out, x.flip(0) * 2)
     assert checks and not any(checks)       # asked, and answered without computing a check
     assert interpreter.interpreter_builder.options is own and own.sanitize_overflow
+
+
+# -- binding a launch's arguments -------------------------------------------------------------
+
+def _plain(a, b, n, BLOCK: tl.constexpr, FLAG: tl.constexpr = True, scale=1.0):
+    pass
+
+
+def _odd(a, *rest, BLOCK: tl.constexpr = 4, **extra):
+    pass
+
+
+@pytest.mark.parametrize("fn", [_plain, _odd])
+def test_launch_binding_matches_inspect(fn):
+    """A launch's arguments bound without inspect's BoundArguments, as inspect binds them:
+    constexprs with defaults applied, and the given names (errors: the positional fallback)."""
+    import inspect
+
+    from hypothesis import given, settings, strategies as st
+
+    from racecheck.instrumentation.triton_kernels import _binder, launch_consts
+
+    sig = inspect.signature(fn)
+    names = list(sig.parameters) + ["num_warps", "grid"]
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.integers(0, 7), st.dictionaries(st.sampled_from(names), st.integers(0, 9),
+                                              max_size=4))
+    def check(npos, kwargs):
+        args = tuple(range(100, 100 + npos))
+        known = {k: v for k, v in kwargs.items() if k in sig.parameters}
+        try:
+            want = sig.bind_partial(*args, **known)
+        except TypeError:
+            want = None
+        try:
+            got = _binder(fn).bind(args, kwargs, sig)
+        except TypeError:
+            got = None
+        assert (got is None) == (want is None)
+        if want is None:
+            assert launch_consts(fn, args, kwargs) == {}
+            return
+        assert got == dict(want.arguments)
+        want.apply_defaults()
+        consts = {n: want.arguments[n] for n, p in sig.parameters.items()
+                  if "constexpr" in str(p.annotation) and n in want.arguments}
+        assert launch_consts(fn, args, kwargs) == consts
+    check()
