@@ -196,9 +196,15 @@ def interleaved(spec: dict) -> dict:
                             for k, m in enumerate(order))
         state: dict = {}
         dm = torch.get_device_module("cuda")
+        profiler = None
+        if checked and spec.get("profile"):       # the timed stretches only, warm-up apart
+            import cProfile
+            profiler = cProfile.Profile()
 
         def begin(scheduler, command):
             k = state["k"] = state.get("k", -1) + 1
+            if profiler is not None and command["round"] >= 0:
+                profiler.enable()
             context, state["before_stop"] = _mode_context(command["mode"])
             state["stack"] = contextlib.ExitStack()
             state["stack"].enter_context(context)
@@ -212,6 +218,8 @@ def interleaved(spec: dict) -> dict:
                 state["before_stop"]()
             dm.synchronize()
             seconds = time.perf_counter() - state["t0"]
+            if profiler is not None:
+                profiler.disable()
             state["stack"].close()
             reuse._flush(scheduler)
             return dict(state["command"], seconds=seconds, timed_out=timed_out,
@@ -226,6 +234,10 @@ def interleaved(spec: dict) -> dict:
             new, known = split_known(sc, rc.findings)
             out["findings"] = sorted({f"{f.rule} {f.tensor}" for f in new})
             out["known"] = len(known)
+            if profiler is not None:
+                out["profile"] = components(profiler)
+                if spec.get("profile_file"):
+                    profiler.dump_stats(spec["profile_file"])
         elif device == "sim":
             import racecheck
             with racecheck.session(device="sim", route_cuda=True, check=False) as rc:
@@ -596,7 +608,8 @@ def main(argv=None) -> int:
                       "modes": modes, "rounds": args.interleaved}) for c in configs]
         if "racecheck" in args.modes.split(","):     # an engine of its own, after plain's
             steps = [st for c, spec in steps for st in (
-                (c, spec), (c, dict(spec, modes=["racecheck"])))]
+                (c, spec), (c, dict(spec, modes=["racecheck"],
+                                    profile=bool(args.profile or args.profile_loop))))]
     else:
         steps = plan(configs, args.runs, "loop" if args.profile_loop else args.profile,
                      tuple(args.modes.split(",")))
@@ -646,6 +659,10 @@ def main(argv=None) -> int:
         for name, per in data["interleaved"].items():
             errors = [r.get("error") for r in rows[name] if r.get("error")]
             print(f"{name}: " + ("; ".join(errors) if errors else ""))
+            prof = [r.get("profile") for r in rows[name] if r.get("profile")]
+            if prof:
+                print(f"  racecheck's stretches profiled: {json.dumps(prof[0]['seconds'])}; top: "
+                      + "; ".join(f"{t['fn']} {t['s']}" for t in prof[0]["top"][:12]))
             for m, r in per.items():
                 print(f"  {m:20s} n={r['n']} {r['seconds']:.3f} s  x plain {r['x_plain']}"
                       f" {r['x_plain_range']}  outputs differ {r['outputs_differ']}"

@@ -79,7 +79,7 @@ def test_interleaved_stretches_on_one_engine_on_sim(tmp_path):
     """The schedule served under each mode in turn by one engine (sim: mechanics, not times)."""
     p = subprocess.run([sys.executable, os.path.join(BENCH, "gpu_sglang.py"), "--device", "sim",
                         "--quick", "--only", "cuda, eager", "--interleaved", "1", "--modes",
-                        "plain,nothing,racecheck", "--out", str(tmp_path)],
+                        "plain,nothing,racecheck", "--profile", "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     import json
@@ -90,6 +90,7 @@ def test_interleaved_stretches_on_one_engine_on_sim(tmp_path):
     # racecheck: an engine of its own under one session, warm-up included
     assert "error" not in checked, checked.get("traceback")
     assert [r["mode"] for r in checked["stretches"]] == ["racecheck", "racecheck"]
+    assert checked["profile"]["seconds"] and (tmp_path / "profile-cuda-eager.pstats").exists()
     per = data["interleaved"]["cuda, eager"]
     assert per["nothing"]["outputs_differ"] == 0 and per["nothing"]["timed_out"] == 0
     assert per["racecheck"]["outputs_differ"] == 0 and per["racecheck"]["findings"] == []
