@@ -21,6 +21,8 @@ GPU into its on-disk cache), then N rounds of
              path without a dispatch mode; instrumentation/op_observer.py);
   observer-nostacks, observer-pruned  (on request) the same without stacks, and with
              RecordFunction off inside seen ops that nest (`prune`): its cost split;
+  observer-discard  (on request) without stacks, its notes dropped in C instead of handed
+             over (the floor of a per-op path whose notes never become Python objects);
 each run timed by the front door's own clock: construction (model load, pools, graph capture)
 apart from sglang's event loop, whose iterations (one `run_batch` each) are timed too: with
 graphs on, the loop is the steady state of graph replays. `--profile` adds one racecheck run
@@ -68,9 +70,11 @@ CONFIGS = [
 ]
 QUICK = {"arrivals": "0:1x2"}                  # --quick: one short request (sim checks)
 MODES = ("plain", "nothing", "racecheck")
-OPTIONAL_MODES = ("observer", "observer-nostacks", "observer-pruned")
+OPTIONAL_MODES = ("observer", "observer-nostacks", "observer-pruned", "observer-discard")
 OBSERVERS = {"observer": {"stacks": True}, "observer-nostacks": {"stacks": False},
-             "observer-pruned": {"stacks": True, "prune": True}}
+             "observer-pruned": {"stacks": True, "prune": True},
+             "observer-discard": {"stacks": False}}
+DISCARDED = {"observer-discard"}           # notes dropped in C: no handover to Python
 
 
 # -- the bundle -------------------------------------------------------------------------------
@@ -166,7 +170,9 @@ def _mode_context(mode: str):
     if mode in OBSERVERS:
         from racecheck.instrumentation import op_observer
         # the notes handed over raw inside the timing, as the separate runs' `_Steps` do
-        return op_observer.Observer(**OBSERVERS[mode]), op_observer.load().drain
+        mod = op_observer.load()
+        return op_observer.Observer(**OBSERVERS[mode]), \
+            mod.discard if mode in DISCARDED else mod.drain
     return contextlib.nullcontext(), None
 
 
@@ -318,7 +324,8 @@ def one_run(spec: dict) -> dict:
         if spec["mode"] in OBSERVERS:           # built (once) and loaded before the clock starts
             from racecheck.instrumentation import op_observer
             observer = op_observer.Observer(**OBSERVERS[spec["mode"]])
-            drain = op_observer.load().drain
+            mod = op_observer.load()
+            drain = mod.discard if spec["mode"] in DISCARDED else mod.drain
         steps = _Steps(on_first=profiler.enable if spec.get("profile") == "loop" else None,
                        each=drain)
         server.TIMINGS.clear()
