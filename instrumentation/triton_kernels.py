@@ -618,6 +618,7 @@ BUILTINS_ONCE = True        # bench/bench_triton_interpreter.py compares with Tr
 OVERFLOW_CHECKS_AS_COMPILED = True      # the same bench compares with the interpreter's own
 LANGUAGE_ONCE_PER_LAUNCH = True         # the same bench compares with a patch per nested call
 DTYPES_MEMOIZED = True                  # and with a numpy dtype worked out per value
+TYPES_MEMOIZED = True                   # and with block types and shapes built per value
 LAUNCHES_REPLAYED = True                # launch_cache: a launch on recorded bytes is not interpreted
 
 
@@ -692,6 +693,123 @@ def _dtypes_memoized(orig):
     return np_dtype
 
 
+def _memo_of(obj, own: tuple, core):
+    """What another object made alike can take from a freshly made `obj`: (name, value, is a
+    Triton tuple) for its attributes but `own`; None where one of them is not a value of a
+    kind Triton never changes once made (a Triton tuple is copied on the way out, its items
+    and type shared)."""
+    kinds = (core.tuple, core.constexpr, int, str, tuple)
+    got = [(k, v, type(v) is core.tuple) for k, v in obj.__dict__.items() if k not in own]
+    return got if all(type(v) in kinds for _k, v, _t in got) else None
+
+
+def _take(obj, memo: list, Tuple) -> None:
+    d = obj.__dict__
+    for k, v, is_tuple in memo:
+        if is_tuple:
+            c = object.__new__(Tuple)
+            c.__dict__.update(v.__dict__)
+            c.values = list(v.values)
+            v = c
+        d[k] = v
+
+
+def _block_types_memoized(orig):
+    """Every value an interpreted op makes gets a `block_type`, whose constructor unwraps the
+    shape, builds it as a Triton tuple (its tuple type worked out per dimension), validates it
+    and formats its name: about a tenth of an interpreted engine process. What it computes
+    depends on the element type and the dimensions alone, so it is done once per pair."""
+    from triton.language import core
+    Tuple, Constexpr = core.tuple, core.constexpr
+    memo: dict = {}
+
+    def init(self, element_ty, shape):
+        vals = shape.values if type(shape) is Tuple else shape
+        name = getattr(element_ty, "name", None)
+        if type(vals) not in (list, tuple) or type(name) is not str:
+            return orig(self, element_ty, shape)
+        dims = []
+        for v in vals:
+            if type(v) is Constexpr:
+                v = v.value
+            if type(v) is not int:
+                return orig(self, element_ty, shape)
+            dims.append(v)
+        key = (type(element_ty), name, getattr(element_ty, "address_space", None), *dims)
+        got = memo.get(key)
+        if got is None:
+            orig(self, element_ty, shape)
+            if len(memo) >= 4096:
+                memo.clear()
+            memo[key] = _memo_of(self, ("element_ty",), core) or False
+            return None
+        if got is False:
+            return orig(self, element_ty, shape)
+        _take(self, got, Tuple)
+        self.element_ty = element_ty
+        return None
+    return init
+
+
+def _tensor_shapes_memoized(orig):
+    """A Triton value's constructor builds its shape as a Triton tuple of constexprs (a tuple
+    type worked out per dimension) and its element count, per value: the same for every value
+    of a shape. Its handle, type and dtype are its own."""
+    from triton.language import core
+    Tuple = core.tuple
+    memo: dict = {}
+
+    def init(self, handle, type_):
+        if type_.is_block():
+            shape = type_.shape          # a block type's dimensions: ints, unwrapped
+            if type(shape) is not Tuple:
+                return orig(self, handle, type_)
+            dims = tuple(shape.values)
+        else:
+            dims = ()
+        got = memo.get(dims)
+        if got is None:
+            orig(self, handle, type_)
+            if len(memo) >= 4096:
+                memo.clear()
+            memo[dims] = _memo_of(self, ("handle", "type", "dtype"), core) or False
+            return None
+        if got is False:
+            return orig(self, handle, type_)
+        _take(self, got, Tuple)
+        self.handle = handle
+        self.type = type_
+        self.dtype = type_.scalar
+        return None
+    return init
+
+
+def _memoized_inits_agree(core, block_init, tensor_init) -> bool:
+    """Whether the memoized constructors make what Triton's make, on this Triton (a release
+    whose constructors set other attributes keeps its own)."""
+    def state(obj):
+        return {k: dict(v.__dict__) if type(v) is core.tuple else v
+                for k, v in obj.__dict__.items()}
+    try:
+        for elt, dims in ((core.float32, [4, 8]), (core.int32, [4, 8]),
+                          (core.pointer_type(core.float16), [16]), (core.int64, [16])):
+            for _ in range(2):                    # a miss, then a hit
+                want, got = object.__new__(core.block_type), object.__new__(core.block_type)
+                core.block_type.__dict__["__init__"](want, elt, list(dims))
+                block_init(got, elt, list(dims))
+                if state(want) != state(got):
+                    return False
+                for ty in (want, elt):
+                    a, b = object.__new__(core.tensor), object.__new__(core.tensor)
+                    core.tensor.__dict__["__init__"](a, "handle", ty)
+                    tensor_init(b, "handle", ty)
+                    if state(a) != state(b):
+                        return False
+        return True
+    except Exception:          # noqa: BLE001 - another Triton: its own constructors
+        return False
+
+
 class TritonHook:
     """Patches Triton's launch entry points for one session (see the module docstring)."""
 
@@ -738,6 +856,16 @@ class TritonHook:
                             lambda orig: _language_once_per_launch(orig, self._tls))
             if DTYPES_MEMOIZED and callable(interpreter.__dict__.get("_get_np_dtype")):
                 self._patch(interpreter, "_get_np_dtype", _dtypes_memoized)
+            if TYPES_MEMOIZED:
+                self._memoize_types()
+
+    def _memoize_types(self) -> None:
+        from triton.language import core
+        block_init = _block_types_memoized(core.block_type.__dict__["__init__"])
+        tensor_init = _tensor_shapes_memoized(core.tensor.__dict__["__init__"])
+        if _memoized_inits_agree(core, block_init, tensor_init):
+            self._patch(core.block_type, "__init__", lambda orig: block_init)
+            self._patch(core.tensor, "__init__", lambda orig: tensor_init)
 
     def _overflow_checks_as_compiled(self) -> None:
         """Triton's integer-overflow check computes each `+`, `-`, `*` again in int64, then

@@ -542,6 +542,38 @@ def test_the_interpreter_skips_overflow_checks_nothing_reads(monkeypatch):
     assert interpreter.interpreter_builder.options is own and own.sanitize_overflow
 
 
+def test_types_and_shapes_made_once_per_kind_give_the_same_runs(monkeypatch):
+    """Block types and values' shapes taken from a memo are what Triton's constructors make
+    (checked against them when the session starts), the same kernels give the same results and
+    the same findings with them as without, and after the session the constructors are
+    Triton's own again."""
+    from triton.language import core
+
+    from racecheck.instrumentation import triton_kernels
+    own = (core.block_type.__init__, core.tensor.__init__)
+    assert triton_kernels._memoized_inits_agree(
+        core, triton_kernels._block_types_memoized(own[0]),
+        triton_kernels._tensor_shapes_memoized(own[1]))
+    monkeypatch.setattr(triton_kernels, "LAUNCHES_REPLAYED", False)
+    got = {}
+    for memo in (False, True):
+        monkeypatch.setattr(triton_kernels, "TYPES_MEMOIZED", memo)
+        x = torch.arange(64, dtype=torch.float32)
+        idx = torch.arange(63, -1, -1, dtype=torch.int64)
+        with racecheck.session(device="sim", record_trace=True) as rc:
+            assert (core.block_type.__init__ is own[0]) is not memo
+            out = torch.zeros(64)
+            gather_scale[(4,)](x, out, idx, 64, BLOCK=16)
+            gather_scale[(2,)](x, out, idx, 20, BLOCK=16)
+        kernels = [(e.op, e.reads, e.writes) for e in rc.trace.events
+                   if type(e).__name__ == "Kernel" and e.op == "gather_scale"]
+        got[memo] = (out, kernels, pairs(_rows_case(slice(2, 6)).findings))
+    assert len(got[True][1]) == 2 and all(k[1] and k[2] for k in got[True][1])
+    assert torch.equal(got[True][0], got[False][0]) and got[True][1:] == got[False][1:]
+    assert got[True][2] == [("RC001", "buf")]
+    assert (core.block_type.__init__, core.tensor.__init__) == own
+
+
 # -- binding a launch's arguments -------------------------------------------------------------
 
 def _plain(a, b, n, BLOCK: tl.constexpr, FLAG: tl.constexpr = True, scale=1.0):
