@@ -219,3 +219,20 @@ def test_gate_runs_scenarios(tmp_path):
     assert names[:2] == ["eagle-v2", "eagle-v2[no-mrope_recompute]"]
     (fixed, broken) = [c for c in ET.parse(out / "racecheck-junit.xml").getroot().iter("testcase")][:2]
     assert broken.find("failure") is not None and r.returncode == 1
+
+
+def test_sglang_gate_keeps_launch_records_between_runs(monkeypatch, tmp_path):
+    """The gate's engine runs replay what earlier runs interpreted: the workflow caches the
+    folder launch_store.py keeps records in (its default under the user's cache)."""
+    from racecheck.instrumentation import launch_store
+    monkeypatch.delenv(launch_store.ENV, raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert launch_store.folder() == str(tmp_path / ".cache" / "racecheck" / "triton-launches")
+    doc = _load(ROOT / "ci" / "workflows" / "sglang-pr-gate.yml")
+    steps = doc["jobs"]["racecheck"]["steps"]
+    cache = [s for s in steps if s.get("uses", "").startswith("actions/cache@")]
+    assert cache and cache[0]["with"]["path"] == "~/.cache/racecheck/triton-launches"
+    assert cache[0]["with"]["restore-keys"]
+    gate = next(i for i, s in enumerate(steps) if s.get("id") == "gate")
+    assert steps.index(cache[0]) < gate
