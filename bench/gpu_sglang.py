@@ -163,16 +163,21 @@ class _Commands:
         self.replies.append(reply)
 
 
+def _observer(mode: str):
+    """(an observer of `mode`, its handover: the notes taken raw, or dropped in C), built and
+    loaded before any clock starts."""
+    from racecheck.instrumentation import op_observer
+    mod = op_observer.load()
+    return op_observer.Observer(**OBSERVERS[mode]), \
+        mod.discard if mode in DISCARDED else mod.drain
+
+
 def _mode_context(mode: str):
     """(context to enter for a stretch under `mode`, what to call before its clock stops)."""
     if mode == "nothing":
         return _noop_mode(), None
-    if mode in OBSERVERS:
-        from racecheck.instrumentation import op_observer
-        # the notes handed over raw inside the timing, as the separate runs' `_Steps` do
-        mod = op_observer.load()
-        return op_observer.Observer(**OBSERVERS[mode]), \
-            mod.discard if mode in DISCARDED else mod.drain
+    if mode in OBSERVERS:      # handed over inside the timing, as the separate runs' `_Steps` do
+        return _observer(mode)
     return contextlib.nullcontext(), None
 
 
@@ -216,8 +221,7 @@ def interleaved(spec: dict) -> dict:
             state["stack"].enter_context(context)
             state["command"] = command
             state["t0"] = time.perf_counter()
-            return {"arrivals": reuse._arrivals(cfg, k), "max_steps": cfg["max_steps"],
-                    "stop_token": cfg["stop_token"]}
+            return reuse.stretch_schedule(cfg, k)
 
         def end(scheduler, timed_out, tokens):
             if state["before_stop"] is not None:
@@ -227,9 +231,9 @@ def interleaved(spec: dict) -> dict:
             if profiler is not None:
                 profiler.disable()
             state["stack"].close()
-            reuse._flush(scheduler)
+            reuse.flush_caches(scheduler)
             return dict(state["command"], seconds=seconds, timed_out=timed_out,
-                        outputs=reuse._outputs(tokens, state["k"]))
+                        outputs=reuse.stretch_outputs(tokens, state["k"]))
         shape = engine_run.shape_of(cfg)
         if checked:
             import racecheck
@@ -259,6 +263,12 @@ def interleaved(spec: dict) -> dict:
     return out
 
 
+def _stretches(rows: list, reference) -> dict:
+    return {"n": len(rows), "seconds": statistics.median(r["seconds"] for r in rows),
+            "outputs_differ": sum(r["outputs"] != reference for r in rows),
+            "timed_out": sum(bool(r["timed_out"]) for r in rows)}
+
+
 def interleaved_summary(got: dict, checked: dict | None = None) -> dict:
     """Per mode: stretch seconds (median) and the median of its per-round ratios to plain; with
     `checked` (the racecheck engine's stretches), racecheck's median stretch over plain's, two
@@ -268,27 +278,23 @@ def interleaved_summary(got: dict, checked: dict | None = None) -> dict:
     reference = warm[0]["outputs"] if warm else None
     plain = {r["round"]: r["seconds"] for r in rows if r["mode"] == "plain"}
     s = {}
-    mine = [r for r in (checked or {}).get("stretches", []) if r.get("round", -1) >= 0]
-    if mine and plain:
+    theirs = [r for r in (checked or {}).get("stretches", []) if r.get("round", -1) >= 0]
+    if theirs and plain:
         base = statistics.median(plain.values())
-        secs = sorted(r["seconds"] for r in mine)
-        s["racecheck"] = {"n": len(mine), "seconds": statistics.median(secs),
-                          "x_plain": statistics.median(secs) / base,
-                          "x_plain_range": [secs[0] / base, secs[-1] / base],
-                          "outputs_differ": sum(r["outputs"] != reference for r in mine),
-                          "timed_out": sum(bool(r["timed_out"]) for r in mine),
-                          "findings": checked.get("findings"), "known": checked.get("known"),
-                          "across_engines": True}
+        secs = sorted(r["seconds"] for r in theirs)
+        s["racecheck"] = dict(_stretches(theirs, reference),
+                              x_plain=statistics.median(secs) / base,
+                              x_plain_range=[secs[0] / base, secs[-1] / base],
+                              findings=checked.get("findings"), known=checked.get("known"),
+                              across_engines=True)
     for m in got.get("modes", []):
         mine = [r for r in rows if r["mode"] == m]
         if not mine:
             continue
         ratios = sorted(r["seconds"] / plain[r["round"]] for r in mine if r["round"] in plain)
-        s[m] = {"n": len(mine), "seconds": statistics.median(r["seconds"] for r in mine),
-                "x_plain": statistics.median(ratios) if ratios else None,
-                "x_plain_range": [ratios[0], ratios[-1]] if ratios else None,
-                "outputs_differ": sum(r["outputs"] != reference for r in mine),
-                "timed_out": sum(bool(r["timed_out"]) for r in mine)}
+        s[m] = dict(_stretches(mine, reference),
+                    x_plain=statistics.median(ratios) if ratios else None,
+                    x_plain_range=[ratios[0], ratios[-1]] if ratios else None)
     return s
 
 
@@ -321,11 +327,8 @@ def one_run(spec: dict) -> dict:
             import cProfile
             profiler = cProfile.Profile()
         observer = drain = None
-        if spec["mode"] in OBSERVERS:           # built (once) and loaded before the clock starts
-            from racecheck.instrumentation import op_observer
-            observer = op_observer.Observer(**OBSERVERS[spec["mode"]])
-            mod = op_observer.load()
-            drain = mod.discard if spec["mode"] in DISCARDED else mod.drain
+        if spec["mode"] in OBSERVERS:
+            observer, drain = _observer(spec["mode"])
         steps = _Steps(on_first=profiler.enable if spec.get("profile") == "loop" else None,
                        each=drain)
         server.TIMINGS.clear()

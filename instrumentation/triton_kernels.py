@@ -521,9 +521,10 @@ class _Binder:
     then its tensors). Kernels take plain named parameters; any other signature (`*args`,
     keyword-only, positional-only) is left to `inspect`."""
 
-    __slots__ = ("names", "known", "defaults", "constexprs", "plain")
+    __slots__ = ("sig", "names", "known", "defaults", "constexprs", "plain")
 
     def __init__(self, sig: inspect.Signature):
+        self.sig = sig
         params = sig.parameters
         self.names = tuple(params)
         self.known = frozenset(params)
@@ -533,10 +534,10 @@ class _Binder:
             p.annotation if isinstance(p.annotation, str)
             else getattr(p.annotation, "__name__", repr(p.annotation))))
 
-    def bind(self, args, kwargs, sig: inspect.Signature) -> dict:
+    def bind(self, args, kwargs) -> dict:
         """name -> value of the arguments given (TypeError as `bind_partial` raises it)."""
         if not self.plain:
-            return dict(sig.bind_partial(*args, **{k: v for k, v in kwargs.items()
+            return dict(self.sig.bind_partial(*args, **{k: v for k, v in kwargs.items()
                                                    if k in self.known}).arguments)
         if len(args) > len(self.names):
             raise TypeError("too many positional arguments")
@@ -562,7 +563,7 @@ def launch_consts(fn, args, kwargs) -> dict:
     """Values the launch gives the kernel's `tl.constexpr` parameters (defaults included)."""
     try:
         binder = _binder(fn)
-        bound = binder.bind(args, kwargs, _signature(fn))
+        bound = binder.bind(args, kwargs)
     except (TypeError, ValueError):
         return {}
     out = {}
@@ -582,8 +583,7 @@ def launch_consts(fn, args, kwargs) -> dict:
 def launch_args(acc: KernelAccess, fn, args, kwargs) -> tuple:
     """(reads, writes, approx) tensors of one launch, bound to the kernel's parameters."""
     try:
-        bound = _binder(fn).bind(args, {k: v for k, v in kwargs.items() if k in acc.params},
-                                 _signature(fn))
+        bound = _binder(fn).bind(args, {k: v for k, v in kwargs.items() if k in acc.params})
     except (TypeError, ValueError):
         bound = None
     reads, writes, approx = [], [], []

@@ -608,7 +608,7 @@ def test_launch_binding_matches_inspect(fn):
         except TypeError:
             want = None
         try:
-            got = _binder(fn).bind(args, kwargs, sig)
+            got = _binder(fn).bind(args, kwargs)
         except TypeError:
             got = None
         assert (got is None) == (want is None)

@@ -45,27 +45,29 @@ def engine_key(cfg: dict) -> str:
     return json.dumps(shape, sort_keys=True, default=str)
 
 
-def _arrivals(cfg: dict, stretch: int) -> list:
-    """The schedule's arrivals, their request ids made unique on the engine (`s3.r0`)."""
+def stretch_schedule(cfg: dict, stretch: int) -> dict:
+    """What the engine serves as its `stretch`-th schedule (server.StretchFeeder's `begin`):
+    the schedule's arrivals, their request ids made unique on the engine (`s3.r0`)."""
     from .engine_run import arrivals_of
-    return [replace(a, rid=f"s{stretch}.{a.rid}") for a in arrivals_of(cfg)]
+    arrivals = [replace(a, rid=f"s{stretch}.{a.rid}") for a in arrivals_of(cfg)]
+    return {"arrivals": arrivals, "max_steps": cfg["max_steps"], "stop_token": cfg["stop_token"]}
 
 
-def _outputs(tokens: dict, stretch: int) -> dict:
+def stretch_outputs(tokens: dict, stretch: int) -> dict:
+    """The `stretch`-th schedule's outputs, by the schedule's own request ids."""
     prefix = f"s{stretch}."
     return {"output_ids": {rid[len(prefix):]: list(ids) for rid, ids in sorted(tokens.items())
                            if rid.startswith(prefix)}}
 
 
 def _command(state: dict, command: dict) -> dict:
-    cfg = command["cfg"]
     state["stretch"] = state.get("stretch", -1) + 1
-    arrivals = _arrivals(cfg, state["stretch"])
-    state["rids"] = sorted(a.rid for a in arrivals)
-    return {"arrivals": arrivals, "max_steps": cfg["max_steps"], "stop_token": cfg["stop_token"]}
+    got = stretch_schedule(command["cfg"], state["stretch"])
+    state["rids"] = sorted(a.rid for a in got["arrivals"])
+    return got
 
 
-def _flush(scheduler) -> bool:
+def flush_caches(scheduler) -> bool:
     """Synchronize, then sglang's own cache flush (radix tree, request and KV pools, the draft
     worker's pools), then synchronize again: what follows starts from empty caches."""
     import torch
@@ -125,11 +127,11 @@ def instrumented_engine(channel, sc, cfg: dict, device: str) -> None:
 
         def end(scheduler, timed_out, tokens):
             t1 = time.perf_counter()
-            flushed = _flush(scheduler)
+            flushed = flush_caches(scheduler)
             rc.backend.executor.sync_all()
             findings = rc.findings[state["findings"]:]
             t2 = time.perf_counter()
-            return {"outputs": _outputs(tokens, state["stretch"]), "findings": findings,
+            return {"outputs": stretch_outputs(tokens, state["stretch"]), "findings": findings,
                     "internal_errors": list(rc.internal_errors[state["internal"]:]),
                     "executor": state["executor"].export(),
                     "sync_sites": rc.sync_sites.sites(),
@@ -161,8 +163,8 @@ def reference_engine(channel, sc, cfg: dict) -> None:
 
         def end(scheduler, timed_out, tokens):
             t1 = time.perf_counter()
-            flushed = _flush(scheduler)
-            return {"outputs": _outputs(tokens, state["stretch"]),
+            flushed = flush_caches(scheduler)
+            return {"outputs": stretch_outputs(tokens, state["stretch"]),
                     "timed_out": timed_out, "flushed": flushed,
                     "seconds": {"construction": state.pop("construction", 0.0),
                                 "stretch": t1 - state["t0"]}}
