@@ -8,7 +8,9 @@
   launch already patched;
 - `DTYPES_MEMOIZED`: a value's numpy dtype looked up, not worked out per value;
 - `TYPES_MEMOIZED`: a value's block type and shape made once per element type and shape, not
-  built per value.
+  built per value;
+- `BINARY_CHECKS_MEMOIZED`: a binary op's type checks (promotion, casts, broadcast) worked out
+  once per pair of operand types, not per op.
 
     python bench/bench_triton_interpreter.py [--rounds 5] [--launches 40] [--quick]
         [--sglang [--graphs on|off] [--compare SETTING SETTING]]
@@ -18,7 +20,7 @@ helper (as sglang's do), `--launches` launches per session, sessions rotating th
 settings; per setting the median per launch, and the median of the per-round ratios to
 Triton's own interpreter. `--sglang` adds the real engine (`sglang-eagle-v2`, default
 schedule, graphs off unless `--graphs on`; sglang installed): one fresh process per run, two
-settings alternating (default: Triton's interpreter as is against all five cuts), the engine's
+settings alternating (default: Triton's interpreter as is against all six cuts), the engine's
 construction (graph captures included) and loop from the front door's clock, and whether
 tokens and findings are the same.
 """
@@ -77,17 +79,19 @@ print("@@" + json.dumps({"loop": server.TIMINGS.get("loop"),
 
 
 SWITCHES = ("BUILTINS_ONCE", "OVERFLOW_CHECKS_AS_COMPILED", "LANGUAGE_ONCE_PER_LAUNCH",
-            "DTYPES_MEMOIZED", "TYPES_MEMOIZED")
-SETTINGS = {                   # name -> the five switches, in SWITCHES' order
-    "triton": (False, False, False, False, False),
-    "builtins once": (True, False, False, False, False),
-    "overflow as compiled": (False, True, False, False, False),
-    "both": (True, True, False, False, False),
-    "language once per launch": (False, False, True, False, False),
-    "dtypes memoized": (False, False, False, True, False),
-    "types memoized": (False, False, False, False, True),
-    "all four": (True, True, True, True, False),
-    "all five": (True, True, True, True, True),
+            "DTYPES_MEMOIZED", "TYPES_MEMOIZED", "BINARY_CHECKS_MEMOIZED")
+SETTINGS = {                   # name -> the six switches, in SWITCHES' order
+    "triton": (False, False, False, False, False, False),
+    "builtins once": (True, False, False, False, False, False),
+    "overflow as compiled": (False, True, False, False, False, False),
+    "both": (True, True, False, False, False, False),
+    "language once per launch": (False, False, True, False, False, False),
+    "dtypes memoized": (False, False, False, True, False, False),
+    "types memoized": (False, False, False, False, True, False),
+    "binary checks memoized": (False, False, False, False, False, True),
+    "all four": (True, True, True, True, False, False),
+    "all five": (True, True, True, True, True, False),
+    "all six": (True, True, True, True, True, True),
 }
 
 
@@ -127,7 +131,7 @@ def main(argv=None) -> int:
     ap.add_argument("--launches", type=int, default=40)
     ap.add_argument("--sglang", action="store_true")
     ap.add_argument("--graphs", choices=("on", "off"), default="off")
-    ap.add_argument("--compare", nargs=2, choices=list(SETTINGS), default=("triton", "all five"),
+    ap.add_argument("--compare", nargs=2, choices=list(SETTINGS), default=("triton", "all six"),
                     metavar="SETTING", help="the two settings the engine runs compare")
     ap.add_argument("--quick", action="store_true", help="4 rounds of 5 launches (CI)")
     ap.add_argument("--json", default=None)

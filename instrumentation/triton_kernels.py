@@ -619,6 +619,7 @@ OVERFLOW_CHECKS_AS_COMPILED = True      # the same bench compares with the inter
 LANGUAGE_ONCE_PER_LAUNCH = True         # the same bench compares with a patch per nested call
 DTYPES_MEMOIZED = True                  # and with a numpy dtype worked out per value
 TYPES_MEMOIZED = True                   # and with block types and shapes built per value
+BINARY_CHECKS_MEMOIZED = True           # and with a binary op's type checks worked out per op
 LAUNCHES_REPLAYED = True                # launch_cache: a launch on recorded bytes is not interpreted
 
 
@@ -784,6 +785,111 @@ def _tensor_shapes_memoized(orig):
     return init
 
 
+def _operand_kind(sem, v, Number, Tensor, classes):
+    """What a binary op's type checks read of an operand: a value's type (class and name; the
+    name spells shape, element type and const-ness, as block types' own memo keys them), or a
+    Python number's class and the type Triton gives it. None: anything else (Triton decides)."""
+    if type(v) is Tensor:
+        ty = v.type
+        if type(ty) not in classes:
+            return None
+        return type(ty), ty.name, getattr(ty.scalar, "address_space", None)
+    if isinstance(v, Number):
+        return type(v), sem.to_tensor_type(v).name
+    return None
+
+
+def _broadcast_steps(before, after) -> tuple:
+    """How Triton's broadcast took an operand of type `before` to `after`: a splat, or new
+    leading axes then a broadcast; the block types are made again per value."""
+    if not after.is_block():
+        return ()
+    shape = list(after.shape.values) if hasattr(after.shape, "values") else list(after.shape)
+    if not before.is_block():
+        return (("splat", shape),)
+    have = list(before.shape.values) if hasattr(before.shape, "values") else list(before.shape)
+    steps = []
+    while len(have) < len(shape):
+        have = [1] + have
+        steps.append(("expand", list(have)))
+    if have != shape:
+        steps.append(("broadcast", shape))
+    return tuple(steps)
+
+
+def _binary_checks_memoized(orig):
+    """Every binary op of an interpreted kernel (`+`, `*`, `<`, `&`, ...) goes through Triton's
+    type checks: the computation type by the promotion rules, a cast of each side, then a
+    broadcast worked out dimension by dimension on Triton tuples: about a third of an
+    interpreted engine process, for decisions that depend on the operands' types alone. They are
+    made once per pair of types (and flags) by Triton itself; later ops of the pair replay the
+    casts and builder calls Triton made. A Python number's own checks (negative into an
+    unsigned type, out of range) run per value, through Triton's own code; an op Triton rejects
+    is never memoized, so it raises as before."""
+    import numbers
+
+    from triton.language import core
+    Number, Tensor, BlockType = numbers.Number, core.tensor, core.block_type
+    classes = (core.dtype, core.pointer_type, core.block_type)
+    memo: dict = {}
+
+    def impl(self, lhs, rhs, allow_lhs_ptr=False, allow_rhs_ptr=False, arithmetic_check=True,
+             div_or_mod=False):
+        lk = _operand_kind(self, lhs, Number, Tensor, classes)
+        rk = lk and _operand_kind(self, rhs, Number, Tensor, classes)
+        if rk is None:
+            return orig(self, lhs, rhs, allow_lhs_ptr, allow_rhs_ptr, arithmetic_check,
+                        div_or_mod)
+        key = (lk, rk, allow_lhs_ptr, allow_rhs_ptr, arithmetic_check, div_or_mod)
+        plan = memo.get(key)
+        if plan is None:
+            out = orig(self, lhs, rhs, allow_lhs_ptr, allow_rhs_ptr, arithmetic_check,
+                       div_or_mod)
+            if len(memo) >= 4096:
+                memo.clear()
+            memo[key] = _binary_plan(self, (lhs, rhs), out, key, Number)
+            return out
+        ret, sides = plan
+        return tuple(_replay_side(self, v, ret, cast, steps, Number, BlockType)
+                     for v, (cast, steps) in zip((lhs, rhs), sides))
+    return impl
+
+
+def _binary_plan(sem, operands, out, key, Number):
+    """(the computation type or None, per side (whether it is cast, its broadcast steps))."""
+    lk, rk, _al, _ar, arithmetic_check, _dm = key
+    kinds = []
+    for v in operands:
+        kinds.append(sem.to_tensor_type(v) if isinstance(v, Number) else v.type)
+    if arithmetic_check and not kinds[0].scalar.is_ptr() and not kinds[1].scalar.is_ptr():
+        ret = out[0].type.scalar
+    else:
+        ret = None
+    sides = []
+    for v, ty, after in zip(operands, kinds, out):
+        cast = ret is not None and (isinstance(v, Number) or ty.scalar != ret)
+        before = ty if not cast else (ty.with_element_ty(ret) if ty.is_block() else ret)
+        sides.append((cast, _broadcast_steps(before, after.type)))
+    return ret, tuple(sides)
+
+
+def _replay_side(sem, v, ret, cast, steps, Number, BlockType):
+    if ret is None:
+        v = sem.to_tensor(v)
+    elif cast:
+        v = sem._cast_to_computation_type(v, ret)      # a number's range checks, per value
+    for what, shape in steps:
+        ty = BlockType(v.type.scalar, shape)
+        if what == "splat":
+            handle = sem.builder.create_splat(ty.to_ir(sem.builder), v.handle)
+        elif what == "expand":
+            handle = sem.builder.create_expand_dims(v.handle, 0)
+        else:
+            handle = sem.builder.create_broadcast(v.handle, shape)
+        v = sem.make_tensor(handle, ty)
+    return v
+
+
 def _memoized_inits_agree(core, block_init, tensor_init) -> bool:
     """Whether the memoized constructors make what Triton's make, on this Triton (a release
     whose constructors set other attributes keeps its own)."""
@@ -858,6 +964,8 @@ class TritonHook:
                 self._patch(interpreter, "_get_np_dtype", _dtypes_memoized)
             if TYPES_MEMOIZED:
                 self._memoize_types()
+            if BINARY_CHECKS_MEMOIZED:
+                self._memoize_binary_checks()
 
     def _memoize_types(self) -> None:
         from triton.language import core
@@ -866,6 +974,15 @@ class TritonHook:
         if _memoized_inits_agree(core, block_init, tensor_init):
             self._patch(core.block_type, "__init__", lambda orig: block_init)
             self._patch(core.tensor, "__init__", lambda orig: tensor_init)
+
+    def _memoize_binary_checks(self) -> None:
+        try:
+            from triton.language.semantic import TritonSemantic
+            found = callable(TritonSemantic.__dict__.get("binary_op_type_checking_impl"))
+        except Exception:          # another Triton's interpreter: keep its behaviour
+            return
+        if found:
+            self._patch(TritonSemantic, "binary_op_type_checking_impl", _binary_checks_memoized)
 
     def _overflow_checks_as_compiled(self) -> None:
         """Triton's integer-overflow check computes each `+`, `-`, `*` again in int64, then

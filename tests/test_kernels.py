@@ -542,26 +542,36 @@ def test_the_interpreter_skips_overflow_checks_nothing_reads(monkeypatch):
     assert interpreter.interpreter_builder.options is own and own.sanitize_overflow
 
 
-def test_types_and_shapes_made_once_per_kind_give_the_same_runs(monkeypatch):
-    """Block types and values' shapes taken from a memo are what Triton's constructors make
-    (checked against them when the session starts), the same kernels give the same results and
-    the same findings with them as without, and after the session the constructors are
-    Triton's own again."""
+def _patched(switch):
+    """What a switch replaces while a sim session is installed: (owner, name) pairs."""
+    from triton.language import core
+    from triton.language.semantic import TritonSemantic
+    return {"TYPES_MEMOIZED": [(core.block_type, "__init__"), (core.tensor, "__init__")],
+            "BINARY_CHECKS_MEMOIZED": [(TritonSemantic, "binary_op_type_checking_impl")]}[switch]
+
+
+@pytest.mark.parametrize("switch", ["TYPES_MEMOIZED", "BINARY_CHECKS_MEMOIZED"])
+def test_interpreter_memos_give_the_same_runs(monkeypatch, switch):
+    """Block types and values' shapes taken from a memo (checked against Triton's constructors
+    when the session starts), and binary ops' type checks replayed from one, give the same
+    results and the same findings as Triton's own, and after the session Triton's own are
+    back."""
     from triton.language import core
 
     from racecheck.instrumentation import triton_kernels
-    own = (core.block_type.__init__, core.tensor.__init__)
+    own = [owner.__dict__[name] for owner, name in _patched(switch)]
     assert triton_kernels._memoized_inits_agree(
-        core, triton_kernels._block_types_memoized(own[0]),
-        triton_kernels._tensor_shapes_memoized(own[1]))
+        core, triton_kernels._block_types_memoized(core.block_type.__init__),
+        triton_kernels._tensor_shapes_memoized(core.tensor.__init__))
     monkeypatch.setattr(triton_kernels, "LAUNCHES_REPLAYED", False)
     got = {}
     for memo in (False, True):
-        monkeypatch.setattr(triton_kernels, "TYPES_MEMOIZED", memo)
+        monkeypatch.setattr(triton_kernels, switch, memo)
         x = torch.arange(64, dtype=torch.float32)
         idx = torch.arange(63, -1, -1, dtype=torch.int64)
         with racecheck.session(device="sim", record_trace=True) as rc:
-            assert (core.block_type.__init__ is own[0]) is not memo
+            now = [owner.__dict__[name] for owner, name in _patched(switch)]
+            assert all((a is b) is not memo for a, b in zip(now, own))
             out = torch.zeros(64)
             gather_scale[(4,)](x, out, idx, 64, BLOCK=16)
             gather_scale[(2,)](x, out, idx, 20, BLOCK=16)
@@ -571,7 +581,56 @@ def test_types_and_shapes_made_once_per_kind_give_the_same_runs(monkeypatch):
     assert len(got[True][1]) == 2 and all(k[1] and k[2] for k in got[True][1])
     assert torch.equal(got[True][0], got[False][0]) and got[True][1:] == got[False][1:]
     assert got[True][2] == [("RC001", "buf")]
-    assert (core.block_type.__init__, core.tensor.__init__) == own
+    assert [owner.__dict__[name] for owner, name in _patched(switch)] == own
+
+
+def test_binary_checks_made_once_per_pair_of_types_agree_with_triton():
+    """A binary op's type checks replayed from the memo give what Triton's own give, value for
+    value (types, numpy data), on drawn operand types, shapes, Python numbers and flags; an op
+    Triton rejects is rejected the same way, memo or not."""
+    import numpy as np
+    from hypothesis import HealthCheck, given, settings, strategies as st
+    from triton.language import core
+    from triton.language.semantic import TritonSemantic
+    from triton.runtime import interpreter
+
+    from racecheck.instrumentation.triton_kernels import _binary_checks_memoized
+
+    orig = TritonSemantic.__dict__["binary_op_type_checking_impl"]
+    memoized = _binary_checks_memoized(orig)
+    sem = interpreter.interpreter_semantic
+    scalars = [core.int1, core.int8, core.int16, core.int32, core.int64, core.uint8,
+               core.uint16, core.uint32, core.uint64, core.float16, core.float32, core.float64,
+               core.pointer_type(core.float32), core.pointer_type(core.int64)]
+
+    def value(ty, dims, fill):
+        np_dtype = np.uint64 if ty.is_ptr() else interpreter._get_np_dtype(ty)
+        data = np.full(dims or (1,), fill).astype(np_dtype)
+        block = core.block_type(ty, list(dims)) if dims else ty
+        return core.tensor(interpreter.TensorHandle(data, ty), block)
+
+    shapes = st.sampled_from([(), (1,), (4,), (4, 1), (1, 8), (4, 8), (2, 4, 8), (8,)])
+    tensors = st.builds(value, st.sampled_from(scalars), shapes, st.integers(0, 3))
+    numbers = st.one_of(st.integers(-2**64, 2**64), st.booleans(),
+                        st.floats(allow_nan=False, width=32), st.sampled_from([2.0**200, -1]))
+    operands = st.one_of(tensors, tensors, numbers)
+
+    def outcome(impl, lhs, rhs, flags):
+        try:
+            got = impl(sem, lhs, rhs, *flags)
+        except Exception as e:          # noqa: BLE001 - compared with Triton's own
+            return ("raised", type(e).__name__, str(e))
+        return tuple((v.type.name, str(v.handle.data.dtype), v.handle.data.tolist(),
+                      v.handle.dtype.name) for v in got)
+
+    @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(operands, operands, st.tuples(st.booleans(), st.booleans(), st.booleans(),
+                                         st.booleans()))
+    def agree(lhs, rhs, flags):
+        want = outcome(orig, lhs, rhs, flags)
+        assert outcome(memoized, lhs, rhs, flags) == want       # a miss, or a hit
+        assert outcome(memoized, lhs, rhs, flags) == want       # a hit
+    agree()
 
 
 # -- binding a launch's arguments -------------------------------------------------------------
