@@ -34,9 +34,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 
 def fuzz(scenario: str, budget: float, seed: int, fixed=None, first_only=False,
-         reuse=True) -> dict:
+         reuse=True, device: str = "sim") -> dict:
     from racecheck.drivers.fuzz import FuzzTarget, Fuzzer, open_database
-    target = FuzzTarget(scenario, fixed=fixed)
+    target = FuzzTarget(scenario, fixed=fixed, device=device)
     with tempfile.TemporaryDirectory() as tmp:
         db = open_database(os.path.join(tmp, "db"))
         t0 = time.monotonic()
@@ -96,6 +96,8 @@ def main(argv=None) -> int:
     ap.add_argument("--drop-budget", type=float, default=180.0)
     ap.add_argument("--seed", type=int, default=31)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--device", default="sim", choices=("sim", "cuda"),
+                    help="where the examples run (cuda: a GPU; the reference stays on sim)")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args(argv)
     os.environ.setdefault("RACECHECK_LAUNCH_RECORDS", "off")   # no records of earlier runs
@@ -114,16 +116,19 @@ def main(argv=None) -> int:
     fresh.warm(scenarios.get("sglang-eagle-v2"))
     warming = time.monotonic() - t0
 
-    model = fuzz("eagle-v2", args.model_budget, args.seed)
-    real = fuzz("sglang-eagle-v2", args.budget, args.seed)
-    before = fuzz("sglang-eagle-v2", args.fresh_budget, args.seed, reuse=False) \
+    dev = args.device
+    model = fuzz("eagle-v2", args.model_budget, args.seed, device=dev)
+    real = fuzz("sglang-eagle-v2", args.budget, args.seed, device=dev)
+    before = fuzz("sglang-eagle-v2", args.fresh_budget, args.seed, reuse=False, device=dev) \
         if args.fresh_budget > 0 else None
     per_example = phases_per_example("sglang-eagle-v2", args.seed)
     drop = fuzz("sglang-eagle-v2", args.drop_budget, args.seed,
-                fixed={"graphs": "on", "drop_sync": SITE_VERIFY_PLAN_WAIT}, first_only=True)
+                fixed={"graphs": "on", "drop_sync": SITE_VERIFY_PLAN_WAIT}, first_only=True,
+                device=dev)
     first = min(drop["found"].values()) if drop["found"] else None
 
     ratio = real["per_s"] / model["per_s"] if model["per_s"] else 0.0
+    print(f"device: {dev}")
     print(f"warming the process (sglang's dependencies, once): {warming:.1f}s")
     print(f"eagle-v2 (model), as shipped: {model['examples']} examples in {model['wall']:.1f}s = "
           f"{model['per_s']:.2f}/s")
@@ -147,7 +152,7 @@ def main(argv=None) -> int:
            else f"not found in {drop['wall']:.0f}s ({drop['examples']} examples)"))
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"warming": warming, "model": model, "real": real, "fresh": before,
+            json.dump({"device": dev, "warming": warming, "model": model, "real": real, "fresh": before,
                        "ratio": ratio,
                        "phases_per_example": per_example, "drop": drop}, fh, indent=1)
     return 0

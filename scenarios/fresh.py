@@ -30,7 +30,8 @@ import time
 
 from racecheck.core.files import cache_dir
 
-_WARM: dict = {}        # scenario name -> seconds spent warming this process
+_WARM: dict = {}
+PROCESS_ENV = "RACECHECK_ENGINE_PROCESS"    # "spawn": a new interpreter per engine on sim too        # scenario name -> seconds spent warming this process
 
 
 class EngineProcessDied(RuntimeError):
@@ -43,6 +44,8 @@ def mode(sc, device: str) -> str | None:
     has initialized CUDA) or None (the scenario runs here)."""
     if not getattr(sc, "fresh_process", False):
         return None
+    if os.environ.get(PROCESS_ENV) == "spawn":
+        return "spawn"
     return "fork" if device == "sim" and hasattr(os, "fork") and not _cuda_initialized() \
         else "spawn"
 
@@ -58,6 +61,12 @@ def _cuda_initialized() -> bool:
 def available(sc, device: str) -> bool:
     """Whether runs of `sc` on `device` are forked from this warmed process."""
     return mode(sc, device) == "fork"
+
+
+def serves(sc, device: str) -> bool:
+    """Whether an engine of `sc` on `device` can be kept open in a process of its own to serve
+    many requests (`serve`: forked, or a new interpreter)."""
+    return mode(sc, device) is not None
 
 
 def start_for(sc, device: str, fn, *args, **kwargs):
@@ -368,35 +377,75 @@ class Channel:
                 f"the engine's process could not send its reply: {exc}")))
 
 
+def _serve_on(chan_read: int, chan_write: int, fn, args) -> None:
+    """The child's side of a `Server`: `fn(channel, *args)`; an exception it raises goes to
+    the parent as the reply it was waiting for."""
+    chan = Channel(chan_read, chan_write)
+    try:
+        fn(chan, *args)
+    except BaseException as exc:             # noqa: BLE001 - sent to the parent
+        try:
+            _send(chan_write, (False, exc))
+        except Exception:                    # noqa: BLE001
+            _send(chan_write, (False, RuntimeError(f"{type(exc).__name__}: {exc}")))
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+def _served_main() -> None:
+    """A spawned `Server`'s new interpreter: the call is the channel's first message; a call
+    for a scenario's engine first imports its dependencies and freezes them, as a child forked
+    from a warmed parent starts."""
+    read, write = int(sys.argv[1]), int(sys.argv[2])
+    try:
+        fn, args = _recv(read)
+    except BaseException as exc:                      # noqa: BLE001 - sent to the parent
+        _send(write, (False, RuntimeError(f"the engine's process could not read its call: "
+                                          f"{exc}")))
+        return
+    for arg in args:
+        if hasattr(arg, "import_engine"):
+            begin_engine_process(arg)
+    _serve_on(read, write, fn, args)
+
+
 class Server:
-    """A long-lived child forked from this process, serving requests until closed.
+    """A long-lived child serving requests until closed: forked from this process, or, with
+    `spawn`, a new interpreter (on a GPU: a process that initialized CUDA cannot fork) whose
+    call arrives pickled as the channel's first message (a `Scenario` goes by its name).
 
     `fn(channel, *args)` runs in the child: it answers each `channel.recv()` with one
     `channel.send(...)`; a reply `(False, exception)` is raised here. When `fn` returns, the
     child leaves; a child that dies is `EngineProcessDied` at the next `request`."""
 
-    def __init__(self, fn, *args):
+    def __init__(self, fn, *args, spawn: bool = False):
         from_parent, to_child = os.pipe()               # (read end, write end)
         from_child, to_parent = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:                                     # the child
+        self._proc = None
+        if spawn:
+            import subprocess
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+            try:
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-c", "from racecheck.scenarios.fresh import "
+                     "_served_main; _served_main()", str(from_parent), str(to_parent)],
+                    pass_fds=(from_parent, to_parent), env=env)
+            except BaseException:
+                for fd in (from_parent, to_child, from_child, to_parent):
+                    os.close(fd)
+                raise
+            pid = self._proc.pid
+        else:
+            pid = os.fork()
+        if pid == 0:                                     # the forked child
             code = 0
             _freeze_inherited()
             try:
                 os.close(to_child)
                 os.close(from_child)
-                chan = Channel(from_parent, to_parent)
-                try:
-                    fn(chan, *args)
-                except BaseException as exc:             # noqa: BLE001 - sent to the parent
-                    try:
-                        _send(to_parent, (False, exc))
-                    except Exception:                    # noqa: BLE001
-                        _send(to_parent, (False, RuntimeError(f"{type(exc).__name__}: {exc}")))
-                sys.stdout.flush()
-                sys.stderr.flush()
+                _serve_on(from_parent, to_parent, fn, args)
             except BaseException:                        # noqa: BLE001
                 code = 1
             finally:
@@ -406,6 +455,8 @@ class Server:
         self.pid = pid
         self._to, self._from = to_child, from_child
         self.alive = True
+        if spawn:
+            self.send((fn, args))
 
     def request(self, obj):
         """Send `obj`, wait for the reply."""
@@ -429,16 +480,27 @@ class Server:
             raise value
         return value
 
-    def _died(self):
-        self.alive = False
-        _, status = os.waitpid(self.pid, 0)
-        for fd in (self._to, self._from):
+    def _wait(self, block: bool = True) -> int | None:
+        """The child's exit status once it left (minus the signal that ended it), else None."""
+        if self._proc is not None:
+            return self._proc.wait() if block else self._proc.poll()
+        pid, status = os.waitpid(self.pid, 0 if block else os.WNOHANG)
+        if not pid:
+            return None
+        return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+    def _close_fds(self, fds) -> None:
+        for fd in fds:
             try:
                 os.close(fd)
             except OSError:
                 pass
-        how = (f"signal {signal.Signals(os.WTERMSIG(status)).name}" if os.WIFSIGNALED(status)
-               else f"exit status {os.WEXITSTATUS(status)}")
+
+    def _died(self):
+        self.alive = False
+        code = self._wait()
+        self._close_fds((self._to, self._from))
+        how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
         raise EngineProcessDied(f"the engine's process died ({how})")
 
     def close(self, timeout: float = 30.0) -> None:
@@ -446,26 +508,21 @@ class Server:
         if not self.alive:
             return
         self.alive = False
-        for fd in (self._to,):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        self._close_fds((self._to,))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            pid, _ = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
+            if self._wait(block=False) is not None:
                 break
             time.sleep(0.05)
         else:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            os.waitpid(self.pid, 0)
+            self._signal_kill()
+            self._wait()
+        self._close_fds((self._from,))
+
+    def _signal_kill(self) -> None:
         try:
-            os.close(self._from)
-        except OSError:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
             pass
 
     def kill(self) -> None:
@@ -473,19 +530,15 @@ class Server:
         if not self.alive:
             return
         self.alive = False
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        os.waitpid(self.pid, 0)
-        for fd in (self._to, self._from):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        self._signal_kill()
+        self._wait()
+        self._close_fds((self._to, self._from))
 
 
-def serve(sc, fn, *args) -> Server:
-    """A `Server` running `fn(channel, *args)`, forked from this process warmed for `sc`."""
-    warm(sc)
-    return Server(fn, *args)
+def serve(sc, fn, *args, device: str = "sim") -> Server:
+    """A `Server` running `fn(channel, *args)` for a run of `sc` on `device`: forked from this
+    process warmed for `sc`, or a new interpreter where `mode` says so."""
+    if mode(sc, device) == "fork":
+        warm(sc)
+        return Server(fn, *args)
+    return Server(fn, *args, spawn=True)

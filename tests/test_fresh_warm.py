@@ -93,20 +93,22 @@ def _echo_server(chan, scale):
         chan.send((os.getpid(), msg * scale))
 
 
-def test_a_server_answers_many_requests_from_one_process_and_reports_its_end():
-    """`fresh.Server`: the long-lived engine process of the fuzzer (one engine, many schedules)."""
+@pytest.mark.parametrize("spawn", [False, True])
+def test_a_server_answers_many_requests_from_one_process_and_reports_its_end(spawn):
+    """`fresh.Server`: the long-lived engine process of the fuzzer (one engine, many schedules),
+    forked from this process or (GPUs) a new interpreter."""
     from racecheck.scenarios import fresh
-    s = fresh.Server(_echo_server, 3)
+    s = fresh.Server(_echo_server, 3, spawn=spawn)
     (pid1, a), (pid2, b) = s.request(1), s.request([2])
     assert (a, b) == (3, [2, 2, 2]) and pid1 == pid2 == s.pid != os.getpid()
     s.close()
     assert not s.alive
     with pytest.raises(ChildProcessError):
         os.waitpid(s.pid, os.WNOHANG)
-    dying = fresh.Server(_echo_server, 1)
+    dying = fresh.Server(_echo_server, 1, spawn=spawn)
     with pytest.raises(fresh.EngineProcessDied, match="exit status 3"):
         dying.request("die")
-    raising = fresh.Server(_echo_server, 1)
+    raising = fresh.Server(_echo_server, 1, spawn=spawn)
     with pytest.raises(ValueError, match="asked to"):
         raising.request("raise")
     raising.kill()

@@ -104,10 +104,15 @@ def test_as_shipped_drawn_shapes_are_clean():
     assert report.engines["stretches"] == 3 and report.engines["retired"] == 0
 
 
-def test_examples_reuse_one_engine():
+@pytest.mark.parametrize("process", ["fork", "spawn"])
+def test_examples_reuse_one_engine(monkeypatch, process):
     """One engine, many schedules: three schedules of one engine shape are three stretches of
     one engine (one construction, one reference engine), each with the outputs of the serialized
-    reference, request ids counted per schedule, phases included."""
+    reference, request ids counted per schedule, phases included. Engines in new interpreters
+    (`spawn`, what a GPU needs) serve the same."""
+    from racecheck.scenarios import fresh
+    if process == "spawn":
+        monkeypatch.setenv(fresh.PROCESS_ENV, "spawn")
     target = FuzzTarget(SC, fixed={"graphs": "off"})
     target.reuse_engines = True
     assert target.reusing()

@@ -105,14 +105,18 @@ def _new_executor(rc, plan, state: dict):
 
 def instrumented_engine(channel, sc, cfg: dict, device: str) -> None:
     """The engine process of the fuzzer (scenarios/fresh.py `Server`): one racecheck session,
-    one sglang scheduler, a stretch per request until the channel closes."""
+    one sglang scheduler, a stretch per request until the channel closes. On sim each stretch
+    runs under its example's executor plan; on a GPU the device runs the ops (a plan has no
+    hold on them; the drawn delays are the engine's own knobs)."""
     import racecheck
     from racecheck.instrumentation.adversarial import AdversarialExecutor
 
     from . import engine_run
     started = time.perf_counter()
+    sim = device == "sim"
     options = sc.session_options(cfg, device)
-    options["executor"] = AdversarialExecutor({"from": "serving"})
+    if sim:
+        options["executor"] = AdversarialExecutor({"from": "serving"})
     state: dict = {}
     with racecheck.session(device=device, **options) as rc:
         def begin(scheduler, command):
@@ -122,7 +126,7 @@ def instrumented_engine(channel, sc, cfg: dict, device: str) -> None:
             state["t0"] = now
             state["findings"] = len(rc.findings)
             state["internal"] = len(rc.internal_errors)
-            state["executor"] = _new_executor(rc, command.get("plan"), state)
+            state["executor"] = _new_executor(rc, command.get("plan"), state) if sim else None
             return _command(state, command)
 
         def end(scheduler, timed_out, tokens):
@@ -131,9 +135,10 @@ def instrumented_engine(channel, sc, cfg: dict, device: str) -> None:
             rc.backend.executor.sync_all()
             findings = rc.findings[state["findings"]:]
             t2 = time.perf_counter()
+            executor = state["executor"]
             return {"outputs": stretch_outputs(tokens, state["stretch"]), "findings": findings,
                     "internal_errors": list(rc.internal_errors[state["internal"]:]),
-                    "executor": state["executor"].export(),
+                    "executor": executor.export() if executor is not None else {},
                     "sync_sites": rc.sync_sites.sites(),
                     "unmatched_drops": rc.sync_sites.unmatched_drops(),
                     "stats": {"events": rc.checker.events_processed},
@@ -141,7 +146,7 @@ def instrumented_engine(channel, sc, cfg: dict, device: str) -> None:
                     "seconds": {"construction": state.pop("construction", 0.0),
                                 "stretch": t1 - state["t0"], "end": t2 - t1}}
         engine_run.serve_stretches(cfg, rc, channel, shape=_shape(cfg),
-                                   begin=begin, end=end)
+                                   begin=begin, end=end, gpu=not sim)
 
 
 def reference_engine(channel, sc, cfg: dict) -> None:

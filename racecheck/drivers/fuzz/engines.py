@@ -90,7 +90,7 @@ class EnginePool:
         (got.server.kill if kill else got.server.close)()
         self.references.pop(got.key, None)
 
-    def _open(self, table: dict, key: str, fn, *args) -> tuple:
+    def _open(self, table: dict, key: str, device: str, fn, *args) -> tuple:
         from racecheck.scenarios import fresh
         got = table.pop(key, None)
         if got is not None and not got.server.alive:
@@ -99,12 +99,12 @@ class EnginePool:
         if built:
             while len(table) >= self.max_open:
                 table.pop(next(iter(table))).server.close(timeout=5.0)
-            got = _Open(key, fresh.serve(self.sc, fn, *args))
+            got = _Open(key, fresh.serve(self.sc, fn, *args, device=device))
         table[key] = got                                   # the most recently used last
         return got, built
 
     def _instrumented(self, cfg: dict) -> tuple:
-        got, built = self._open(self.engines, self.hooks.engine_key(cfg),
+        got, built = self._open(self.engines, self.hooks.engine_key(cfg), self.device,
                                 self.hooks.instrumented_engine, self.sc, cfg, self.device)
         self.engines_built += built
         if built:
@@ -114,7 +114,7 @@ class EnginePool:
 
     def _reference_server(self, cfg: dict) -> _Open:
         got, built = self._open(self.references,
-                                self.hooks.engine_key(self.sc.reference_config(cfg)),
+                                self.hooks.engine_key(self.sc.reference_config(cfg)), "sim",
                                 self.hooks.reference_engine, self.sc, cfg)
         self.references_built += built
         return got

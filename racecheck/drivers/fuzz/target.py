@@ -107,7 +107,7 @@ class FuzzTarget:
         """Whether examples run as stretches of open engines (engines.py)."""
         from racecheck.scenarios import fresh
         return bool(self.reuse_engines) and getattr(self.sc, "reuse", None) is not None \
-            and fresh.available(self.sc, self.device)
+            and fresh.serves(self.sc, self.device)
 
     def close(self) -> None:
         """Close the open engines, if any."""
