@@ -371,6 +371,17 @@ class AdversarialExecutor(Executor):
         self._in_issue_order = self.plan.get("from") == "serving"     # until `serving()`
 
     # -- binding and names ---------------------------------------------------------------------
+    def __getstate__(self) -> dict:
+        """A plan crossing into a new interpreter (a run spawned rather than forked): the
+        executor as made, before `bind`; its lock is made again there."""
+        state = dict(self.__dict__)
+        state.pop("_lock", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
+
     def bind(self, backend) -> None:
         self.backend = backend
         self._registry = backend.footprints.registry

@@ -104,6 +104,29 @@ def test_as_shipped_drawn_shapes_are_clean():
     assert report.engines["stretches"] == 3 and report.engines["retired"] == 0
 
 
+def test_dropping_a_site_off_sim_is_one_usage_error_up_front():
+    """A GPU run keeps the engine's own synchronization: `--drop-sync` there is refused before
+    any engine is built, not example by example."""
+    from racecheck.core.errors import UsageError
+    from racecheck.scenarios.sglang import SITE_VERIFY_PLAN_WAIT
+    with pytest.raises(UsageError, match="supported on sim, not on cuda"):
+        FuzzTarget(SC, device="cuda", fixed={"drop_sync": SITE_VERIFY_PLAN_WAIT})
+
+
+def test_an_executor_plan_crosses_into_a_new_interpreter():
+    """A fresh run spawned on sim (what `RACECHECK_ENGINE_PROCESS=spawn` asks) takes its
+    executor pickled: the plan as made, a lock of its own."""
+    import pickle
+
+    from racecheck.instrumentation.adversarial import AdversarialExecutor
+    ex = AdversarialExecutor({"priorities": {"forward": 2}, "host": 1, "change_points": [],
+                              "holds": [], "from": "serving"})
+    got = pickle.loads(pickle.dumps(ex))
+    assert got.plan == ex.plan and got._lock is not ex._lock
+    with got._lock:
+        pass
+
+
 @pytest.mark.parametrize("process", ["fork", "spawn"])
 def test_examples_reuse_one_engine(monkeypatch, process):
     """One engine, many schedules: three schedules of one engine shape are three stretches of

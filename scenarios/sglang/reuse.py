@@ -149,16 +149,22 @@ def instrumented_engine(channel, sc, cfg: dict, device: str) -> None:
                                    begin=begin, end=end, gpu=not sim)
 
 
-def reference_engine(channel, sc, cfg: dict) -> None:
+def reference_engine(channel, sc, cfg: dict, device: str = "sim") -> None:
     """The serialized reference of the same shape: the reference configuration (nothing
-    dropped) in issue order, its own process, the same stretches."""
+    dropped) in issue order, its own process, the same stretches. On a GPU machine it runs on
+    the GPU, uninstrumented, as a fresh run's reference does there (`run_pipeline`)."""
+    import contextlib
+
     import racecheck
 
     from . import engine_run
     started = time.perf_counter()
     ref = sc.reference_config(cfg)
     state: dict = {}
-    with racecheck.session(device="sim", route_cuda=True, check=False) as rc:     # values only
+    sim = device == "sim"
+    session = racecheck.session(device="sim", route_cuda=True, check=False) if sim \
+        else contextlib.nullcontext()                # values only
+    with session as rc:
         def begin(scheduler, command):
             now = time.perf_counter()
             if "built" not in state:
@@ -174,7 +180,7 @@ def reference_engine(channel, sc, cfg: dict) -> None:
                     "seconds": {"construction": state.pop("construction", 0.0),
                                 "stretch": t1 - state["t0"]}}
         engine_run.serve_stretches(ref, rc, channel, shape=_shape(ref),
-                                   begin=begin, end=end)
+                                   begin=begin, end=end, gpu=not sim)
 
 
 def _shape(cfg: dict):

@@ -114,8 +114,9 @@ class EnginePool:
 
     def _reference_server(self, cfg: dict) -> _Open:
         got, built = self._open(self.references,
-                                self.hooks.engine_key(self.sc.reference_config(cfg)), "sim",
-                                self.hooks.reference_engine, self.sc, cfg)
+                                self.hooks.engine_key(self.sc.reference_config(cfg)),
+                                self.device, self.hooks.reference_engine, self.sc, cfg,
+                                self.device)
         self.references_built += built
         return got
 

@@ -90,6 +90,9 @@ class FuzzTarget:
         self.draw_switches = draw_switches
         self.draw_plan = draw_plan
         self.fixed = dict(fixed or {})
+        if self.fixed.get("drop_sync") and device != "sim":
+            raise UsageError(f"--drop-sync: dropping synchronization sites is supported on sim, "
+                             f"not on {device} (a GPU run keeps the engine's own synchronization)")
         if self.fixed:
             self.sc.config(self.variant, self.fixed)  # validate up front
             # concrete values ("off" -> False, "1,2" -> [1, 2]): what strategies compare against
