@@ -9,8 +9,10 @@ parent's: fresh.
 
 On a GPU a child is a new interpreter instead (`spawn`): a process that has initialized CUDA
 cannot fork, and sglang's own import initializes it (its Triton helpers ask the driver for the
-current device at module level), so no warmed parent can serve as a template. Each run then pays
-the imports; a scenario crosses over by its registered name (its functions need not pickle).
+current device at module level), so no warmed parent can serve as a template. Each new
+interpreter then pays the imports (a `Server`, kept open for many requests, pays them once); a
+scenario crosses over by its registered name (its functions need not pickle).
+`RACECHECK_ENGINE_PROCESS=spawn` makes every engine process a new interpreter on sim too.
 
 The engine itself is imported in each child, inside the run's session, because what it binds at
 import (platform probes, cached device lookups, names taken from `torch.cuda`) must be what the
@@ -30,8 +32,8 @@ import time
 
 from racecheck.core.files import cache_dir
 
-_WARM: dict = {}
-PROCESS_ENV = "RACECHECK_ENGINE_PROCESS"    # "spawn": a new interpreter per engine on sim too        # scenario name -> seconds spent warming this process
+_WARM: dict = {}        # scenario name -> seconds spent warming this process
+PROCESS_ENV = "RACECHECK_ENGINE_PROCESS"    # "spawn": a new interpreter per engine on sim too
 
 
 class EngineProcessDied(RuntimeError):
@@ -56,11 +58,6 @@ def _cuda_initialized() -> bool:
         return bool(torch is not None and torch.cuda.is_initialized())
     except Exception:           # noqa: BLE001 - a torch without CUDA
         return False
-
-
-def available(sc, device: str) -> bool:
-    """Whether runs of `sc` on `device` are forked from this warmed process."""
-    return mode(sc, device) == "fork"
 
 
 def serves(sc, device: str) -> bool:

@@ -165,17 +165,21 @@ def test_a_frozen_engine_process_keeps_sglangs_capture_from_thawing_it(monkeypat
 
 # -- GPUs: a new interpreter per engine run --------------------------------------------------------
 
-def test_engine_runs_fork_on_sim_and_spawn_on_a_gpu():
+def test_engine_runs_fork_on_sim_and_spawn_on_a_gpu(monkeypatch):
     """sglang's own import initializes CUDA, and a process that has cannot fork: engine runs on
     a GPU start a new interpreter (found on an H200: a forked reference run died with 'Cannot
     re-initialize CUDA in forked subprocess', the next example with 'init_parallel_runtime()
-    ran twice in this process')."""
+    ran twice in this process'). Either way an engine can be kept open to serve many requests;
+    `RACECHECK_ENGINE_PROCESS=spawn` asks for new interpreters on sim too."""
     from racecheck.scenarios import fresh, get
     sc = get("sglang-eagle-v2")
-    assert fresh.mode(sc, "sim") == "fork" and fresh.available(sc, "sim")
-    assert fresh.mode(sc, "cuda") == "spawn" and not fresh.available(sc, "cuda")
+    assert fresh.mode(sc, "sim") == "fork" and fresh.serves(sc, "sim")
+    assert fresh.mode(sc, "cuda") == "spawn" and fresh.serves(sc, "cuda")
     assert fresh.mode(sc, "npu") == "spawn"
     assert fresh.mode(get("eagle-v2"), "cuda") is None       # the model runs in this process
+    assert not fresh.serves(get("eagle-v2"), "sim")
+    monkeypatch.setenv(fresh.PROCESS_ENV, "spawn")
+    assert fresh.mode(sc, "sim") == "spawn"
 
 
 def test_spawn_returns_raises_passes_scenarios_by_name_and_reports_a_death():

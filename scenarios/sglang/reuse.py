@@ -67,15 +67,16 @@ def _command(state: dict, command: dict) -> dict:
     return got
 
 
-def flush_caches(scheduler) -> bool:
+def flush_caches(scheduler, device: str = "cuda") -> bool:
     """Synchronize, then sglang's own cache flush (radix tree, request and KV pools, the draft
-    worker's pools), then synchronize again: what follows starts from empty caches."""
+    worker's pools), then synchronize again: what follows starts from empty caches. `device`:
+    the device module sglang's work runs on (sim routes `cuda`; Ascend's is `npu`)."""
     import torch
-    cuda = torch.get_device_module("cuda")
-    cuda.synchronize()
+    module = torch.get_device_module(device)
+    module.synchronize()
     flush = getattr(scheduler, "flush_cache", None)
     ok = bool(flush()) if flush is not None else False
-    cuda.synchronize()
+    module.synchronize()
     return ok
 
 
@@ -131,7 +132,7 @@ def instrumented_engine(channel, sc, cfg: dict, device: str) -> None:
 
         def end(scheduler, timed_out, tokens):
             t1 = time.perf_counter()
-            flushed = flush_caches(scheduler)
+            flushed = flush_caches(scheduler, "npu" if device == "npu" else "cuda")
             rc.backend.executor.sync_all()
             findings = rc.findings[state["findings"]:]
             t2 = time.perf_counter()
@@ -151,9 +152,12 @@ def instrumented_engine(channel, sc, cfg: dict, device: str) -> None:
 
 def reference_engine(channel, sc, cfg: dict, device: str = "sim") -> None:
     """The serialized reference of the same shape: the reference configuration (nothing
-    dropped) in issue order, its own process, the same stretches. On a GPU machine it runs on
-    the GPU, uninstrumented, as a fresh run's reference does there (`run_pipeline`)."""
+    dropped) in issue order, its own process, the same stretches. Where a fresh run's reference
+    runs on a GPU, uninstrumented (`run_pipeline`: a run on a CUDA or ROCm machine), so does
+    this one; elsewhere sim routes it."""
     import contextlib
+
+    import torch
 
     import racecheck
 
@@ -161,7 +165,7 @@ def reference_engine(channel, sc, cfg: dict, device: str = "sim") -> None:
     started = time.perf_counter()
     ref = sc.reference_config(cfg)
     state: dict = {}
-    sim = device == "sim"
+    sim = device == "sim" or not torch.cuda.is_available()
     session = racecheck.session(device="sim", route_cuda=True, check=False) if sim \
         else contextlib.nullcontext()                # values only
     with session as rc:
