@@ -33,7 +33,8 @@ import sys
 import tempfile
 import time
 
-sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))   # an installed racecheck first
+# the checkout last: an installed racecheck (a GPU machine's) comes first
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 
 def fuzz(scenario: str, budget: float, seed: int, fixed=None, first_only=False,
@@ -100,7 +101,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=31)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--device", default="sim", choices=("sim", "cuda"),
-                    help="where the examples run (cuda: a GPU; the reference stays on sim)")
+                    help="where the examples run (cuda: a GPU, the reference on it uninstrumented)")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args(argv)
     os.environ.setdefault("RACECHECK_LAUNCH_RECORDS", "off")   # no records of earlier runs
@@ -159,8 +160,8 @@ def main(argv=None) -> int:
                else f"not found in {drop['wall']:.0f}s ({drop['examples']} examples)"))
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"device": dev, "warming": warming, "model": model, "real": real, "fresh": before,
-                       "ratio": ratio,
+            json.dump({"device": dev, "warming": warming, "model": model, "real": real,
+                       "fresh": before, "ratio": ratio,
                        "phases_per_example": per_example, "drop": drop}, fh, indent=1)
     return 0
 

@@ -804,10 +804,10 @@ def _broadcast_steps(before, after) -> tuple:
     leading axes then a broadcast; the block types are made again per value."""
     if not after.is_block():
         return ()
-    shape = list(after.shape.values) if hasattr(after.shape, "values") else list(after.shape)
+    shape = list(after.get_block_shapes())
     if not before.is_block():
         return (("splat", shape),)
-    have = list(before.shape.values) if hasattr(before.shape, "values") else list(before.shape)
+    have = list(before.get_block_shapes())
     steps = []
     while len(have) < len(shape):
         have = [1] + have
@@ -820,8 +820,8 @@ def _broadcast_steps(before, after) -> tuple:
 def _binary_checks_memoized(orig):
     """Every binary op of an interpreted kernel (`+`, `*`, `<`, `&`, ...) goes through Triton's
     type checks: the computation type by the promotion rules, a cast of each side, then a
-    broadcast worked out dimension by dimension on Triton tuples: about a third of an
-    interpreted engine process, for decisions that depend on the operands' types alone. They are
+    broadcast worked out dimension by dimension on Triton tuples: half of an engine process's
+    interpreting by a profile, for decisions that depend on the operands' types alone. They are
     made once per pair of types (and flags) by Triton itself; later ops of the pair replay the
     casts and builder calls Triton made. A Python number's own checks (negative into an
     unsigned type, out of range) run per value, through Triton's own code; an op Triton rejects
@@ -847,7 +847,7 @@ def _binary_checks_memoized(orig):
                        div_or_mod)
             if len(memo) >= 4096:
                 memo.clear()
-            memo[key] = _binary_plan(self, (lhs, rhs), out, key, Number)
+            memo[key] = _binary_plan(self, (lhs, rhs), out, arithmetic_check, Number)
             return out
         ret, sides = plan
         return tuple(_replay_side(self, v, ret, cast, steps, Number, BlockType)
@@ -855,12 +855,9 @@ def _binary_checks_memoized(orig):
     return impl
 
 
-def _binary_plan(sem, operands, out, key, Number):
+def _binary_plan(sem, operands, out, arithmetic_check: bool, Number):
     """(the computation type or None, per side (whether it is cast, its broadcast steps))."""
-    lk, rk, _al, _ar, arithmetic_check, _dm = key
-    kinds = []
-    for v in operands:
-        kinds.append(sem.to_tensor_type(v) if isinstance(v, Number) else v.type)
+    kinds = [sem.to_tensor_type(v) if isinstance(v, Number) else v.type for v in operands]
     if arithmetic_check and not kinds[0].scalar.is_ptr() and not kinds[1].scalar.is_ptr():
         ret = out[0].type.scalar
     else:

@@ -231,6 +231,14 @@ def begin_engine_process(sc) -> None:
     _freeze_inherited()
 
 
+def _begin_for(args) -> None:
+    """A new interpreter about to run a call: `begin_engine_process` for the scenarios among
+    its arguments."""
+    for arg in args:
+        if hasattr(arg, "import_engine"):
+            begin_engine_process(arg)
+
+
 def start(fn, *args, **kwargs) -> Pending:
     """Fork a child that computes `fn(*args, **kwargs)`; this process goes on (a reference
     run and the instrumented run side by side, on two cores)."""
@@ -269,9 +277,7 @@ def _spawned_main() -> None:
         data = pickle.dumps((False, RuntimeError(
             f"the engine's process could not read its call: {exc}")))
     else:
-        for arg in args:
-            if hasattr(arg, "import_engine"):
-                begin_engine_process(arg)
+        _begin_for(args)
         data = _computed(fn, args, kwargs)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -296,6 +302,16 @@ class SpawnPending:
         return _outcome(data, self.proc.wait())
 
 
+def _new_interpreter(entry: str, fds: tuple, stdin=None):
+    """A new interpreter with this one's `sys.path` running this module's `entry()`, the file
+    descriptors `fds` passed on and named in its argv."""
+    import subprocess
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    return subprocess.Popen(
+        [sys.executable, "-c", f"from racecheck.scenarios.fresh import {entry}; {entry}()",
+         *(str(fd) for fd in fds)], stdin=stdin, pass_fds=fds, env=env)
+
+
 def spawn(fn, *args, **kwargs) -> SpawnPending:
     """A new interpreter (this one's `sys.path`) that computes `fn(*args, **kwargs)`: `fn` and the
     arguments pickled (a `Scenario` goes by its registered name). Not multiprocessing's spawn,
@@ -303,13 +319,10 @@ def spawn(fn, *args, **kwargs) -> SpawnPending:
     import subprocess
     payload = pickle.dumps((fn, args, kwargs))
     read, write = os.pipe()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     sys.stdout.flush()
     sys.stderr.flush()
     try:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", "from racecheck.scenarios.fresh import _spawned_main; "
-             "_spawned_main()", str(write)], stdin=subprocess.PIPE, pass_fds=(write,), env=env)
+        proc = _new_interpreter("_spawned_main", (write,), stdin=subprocess.PIPE)
     except BaseException:
         os.close(read)
         raise
@@ -400,9 +413,7 @@ def _served_main() -> None:
         _send(write, (False, RuntimeError(f"the engine's process could not read its call: "
                                           f"{exc}")))
         return
-    for arg in args:
-        if hasattr(arg, "import_engine"):
-            begin_engine_process(arg)
+    _begin_for(args)
     _serve_on(read, write, fn, args)
 
 
@@ -422,13 +433,8 @@ class Server:
         sys.stderr.flush()
         self._proc = None
         if spawn:
-            import subprocess
-            env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
             try:
-                self._proc = subprocess.Popen(
-                    [sys.executable, "-c", "from racecheck.scenarios.fresh import "
-                     "_served_main; _served_main()", str(from_parent), str(to_parent)],
-                    pass_fds=(from_parent, to_parent), env=env)
+                self._proc = _new_interpreter("_served_main", (from_parent, to_parent))
             except BaseException:
                 for fd in (from_parent, to_child, from_child, to_parent):
                     os.close(fd)
@@ -436,17 +442,17 @@ class Server:
             pid = self._proc.pid
         else:
             pid = os.fork()
-        if pid == 0:                                     # the forked child
-            code = 0
-            _freeze_inherited()
-            try:
-                os.close(to_child)
-                os.close(from_child)
-                _serve_on(from_parent, to_parent, fn, args)
-            except BaseException:                        # noqa: BLE001
-                code = 1
-            finally:
-                os._exit(code)
+            if pid == 0:                                 # the forked child
+                code = 0
+                _freeze_inherited()
+                try:
+                    os.close(to_child)
+                    os.close(from_child)
+                    _serve_on(from_parent, to_parent, fn, args)
+                except BaseException:                    # noqa: BLE001
+                    code = 1
+                finally:
+                    os._exit(code)
         os.close(from_parent)
         os.close(to_parent)
         self.pid = pid

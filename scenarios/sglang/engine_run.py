@@ -59,15 +59,21 @@ def import_sglang(gpu: bool) -> None:
 RUN_EXTENSIONS: list = []
 
 
+def reference_on_gpu() -> bool:
+    """Whether a reference run (nothing instrumented) runs on this machine's GPU: a CUDA or ROCm
+    machine, where a run routed through sim would see a CUDA build of torch and take sglang's
+    CUDA-only paths."""
+    import torch
+    return torch.cuda.is_available()
+
+
 def run_pipeline(cfg: dict, ctx) -> dict:
     """Under the caller's session (sim routing torch.cuda, or a real GPU); without one (the
     reference run) in a private sim session, or uninstrumented where a GPU is present."""
     if ctx.session is not None:
         return _run(cfg, ctx.session, gpu=ctx.session.device != "sim")
-    import torch
-
     from racecheck.session import active_session
-    if active_session() is None and torch.cuda.is_available():     # a real GPU, uninstrumented
+    if active_session() is None and reference_on_gpu():            # a real GPU, uninstrumented
         return _run(cfg, None, gpu=True)
     import racecheck
     # routed through sim for sglang's CUDA code, its values only: nothing checks its events

@@ -150,14 +150,12 @@ def instrumented_engine(channel, sc, cfg: dict, device: str) -> None:
                                    begin=begin, end=end, gpu=not sim)
 
 
-def reference_engine(channel, sc, cfg: dict, device: str = "sim") -> None:
+def reference_engine(channel, sc, cfg: dict) -> None:
     """The serialized reference of the same shape: the reference configuration (nothing
-    dropped) in issue order, its own process, the same stretches. Where a fresh run's reference
-    runs on a GPU, uninstrumented (`run_pipeline`: a run on a CUDA or ROCm machine), so does
-    this one; elsewhere sim routes it."""
+    dropped) in issue order, its own process, the same stretches; on the GPU, uninstrumented,
+    where a fresh run's reference runs there (`engine_run.reference_on_gpu`), else routed
+    through sim."""
     import contextlib
-
-    import torch
 
     import racecheck
 
@@ -165,7 +163,7 @@ def reference_engine(channel, sc, cfg: dict, device: str = "sim") -> None:
     started = time.perf_counter()
     ref = sc.reference_config(cfg)
     state: dict = {}
-    sim = device == "sim" or not torch.cuda.is_available()
+    sim = not engine_run.reference_on_gpu()
     session = racecheck.session(device="sim", route_cuda=True, check=False) if sim \
         else contextlib.nullcontext()                # values only
     with session as rc:

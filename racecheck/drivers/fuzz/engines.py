@@ -115,8 +115,7 @@ class EnginePool:
     def _reference_server(self, cfg: dict) -> _Open:
         got, built = self._open(self.references,
                                 self.hooks.engine_key(self.sc.reference_config(cfg)),
-                                self.device, self.hooks.reference_engine, self.sc, cfg,
-                                self.device)
+                                self.device, self.hooks.reference_engine, self.sc, cfg)
         self.references_built += built
         return got
 
